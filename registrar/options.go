@@ -1,0 +1,137 @@
+package registrar
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Options configure a registrar process: where its etcd is, where it serves,
+// who it is, and how it batches and streams. Zero values take the defaults
+// of DefaultOptions.
+type Options struct {
+	// Backend. With no EtcdEndpoints the registrar runs an embedded etcd in
+	// DataDir, serving clients at EmbeddedEtcdAddr and peers at
+	// EmbeddedEtcdPeerAddr.
+	EtcdEndpoints        []string
+	DataDir              string
+	EmbeddedEtcdAddr     string
+	EmbeddedEtcdPeerAddr string
+
+	// Serving. GRPCAddr serves the Registrar API, gRPC health and
+	// reflection; HTTPAddr serves /healthz, /readyz and /metrics. Port 0
+	// picks a free port (see Server.GRPCAddr).
+	GRPCAddr string
+	HTTPAddr string
+
+	// Identity: the origin this registrar writes for.
+	ClusterName string
+	Region      string
+	Zone        string
+
+	// Sync: a full re-list every SyncInterval as a backstop to the etcd
+	// watch, and at most one re-list per SyncDebounce when the watch asks
+	// for one (reconnects, compaction, bursts of errors).
+	SyncInterval time.Duration
+	SyncDebounce time.Duration
+
+	// Write-behind: flush every WriteBatchInterval, or sooner once
+	// WriteBatchSize writes are pending; refuse new writes once
+	// WriteQueueLimit distinct endpoints are waiting to be persisted.
+	WriteBatchInterval time.Duration
+	WriteBatchSize     int
+	WriteQueueLimit    int
+
+	// Streams: WatchHistory events are retained for resume; each stream
+	// buffers at most WatchBuffer undelivered messages before it is cut off;
+	// an idle stream gets a PROGRESS bookmark every ProgressInterval.
+	WatchHistory     int
+	WatchBuffer      int
+	ProgressInterval time.Duration
+
+	Logger *slog.Logger
+}
+
+// DefaultOptions returns the defaults the CLI flags show.
+func DefaultOptions() Options {
+	return Options{
+		DataDir:              "./aether-data",
+		EmbeddedEtcdAddr:     "127.0.0.1:2379",
+		EmbeddedEtcdPeerAddr: "127.0.0.1:2380",
+		GRPCAddr:             ":9443",
+		HTTPAddr:             ":8081",
+		ClusterName:          "default",
+		Region:               "default",
+		SyncInterval:         5 * time.Second,
+		SyncDebounce:         200 * time.Millisecond,
+		WriteBatchInterval:   100 * time.Millisecond,
+		WriteBatchSize:       50,
+		WriteQueueLimit:      100000,
+		WatchHistory:         100000,
+		WatchBuffer:          4096,
+		ProgressInterval:     10 * time.Second,
+	}
+}
+
+// withDefaults fills zero fields from DefaultOptions.
+func (o Options) withDefaults() Options {
+	d := DefaultOptions()
+	set := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	setD := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	setI := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	set(&o.DataDir, d.DataDir)
+	set(&o.EmbeddedEtcdAddr, d.EmbeddedEtcdAddr)
+	set(&o.EmbeddedEtcdPeerAddr, d.EmbeddedEtcdPeerAddr)
+	set(&o.GRPCAddr, d.GRPCAddr)
+	set(&o.HTTPAddr, d.HTTPAddr)
+	set(&o.ClusterName, d.ClusterName)
+	set(&o.Region, d.Region)
+	setD(&o.SyncInterval, d.SyncInterval)
+	setD(&o.SyncDebounce, d.SyncDebounce)
+	setD(&o.WriteBatchInterval, d.WriteBatchInterval)
+	setI(&o.WriteBatchSize, d.WriteBatchSize)
+	setI(&o.WriteQueueLimit, d.WriteQueueLimit)
+	setI(&o.WatchHistory, d.WatchHistory)
+	setI(&o.WatchBuffer, d.WatchBuffer)
+	setD(&o.ProgressInterval, d.ProgressInterval)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o
+}
+
+// Validate reports the first option that cannot work, naming the flag.
+func (o Options) Validate() error {
+	checks := []struct {
+		bad  bool
+		flag string
+		msg  string
+	}{
+		{o.SyncInterval < 0, "--sync-interval", "must be positive"},
+		{o.SyncDebounce < 0, "--sync-debounce", "must not be negative"},
+		{o.WriteBatchInterval < 0, "--write-batch-interval", "must be positive"},
+		{o.WriteBatchSize < 0, "--write-batch-size", "must be positive"},
+		{o.WriteQueueLimit < 0, "--write-queue-limit", "must be positive"},
+		{o.WatchHistory < 0, "--watch-history", "must be positive"},
+		{o.WatchBuffer < 0, "--watch-buffer", "must be positive"},
+		{o.ProgressInterval < 0, "--watch-progress-interval", "must be positive"},
+	}
+	for _, c := range checks {
+		if c.bad {
+			return fmt.Errorf("%s %s", c.flag, c.msg)
+		}
+	}
+	return nil
+}

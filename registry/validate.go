@@ -1,0 +1,191 @@
+package registry
+
+import (
+	"fmt"
+	"sort"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+)
+
+// Limits bound what one endpoint may carry. They keep a single registration
+// from bloating every watcher's snapshot.
+type Limits struct {
+	MaxPorts            int
+	MaxMetadataEntries  int
+	MaxMetadataKeyLen   int
+	MaxMetadataValueLen int
+	MaxMetadataBytes    int // keys plus values
+	MaxWeight           uint32
+}
+
+// DefaultLimits are the limits a registrar enforces unless configured.
+var DefaultLimits = Limits{
+	MaxPorts:            16,
+	MaxMetadataEntries:  32,
+	MaxMetadataKeyLen:   63,
+	MaxMetadataValueLen: 256,
+	MaxMetadataBytes:    4096,
+	MaxWeight:           1 << 16,
+}
+
+// FieldError is a validation failure of one request field. The registrar
+// turns it into INVALID_ARGUMENT with this message.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+func fieldErr(field string, err error) *FieldError {
+	return &FieldError{Field: field, Reason: err.Error()}
+}
+
+// NormalizeEndpoint validates an endpoint from a request and returns the
+// canonical copy to store: canonical IP, default state SERVING, weight 1,
+// a single unnamed port named after its protocol, ports sorted by name.
+// The input is not modified. Timestamps are cleared; the caller owns them.
+func NormalizeEndpoint(in *registryv1.ServiceEndpoint, lim Limits) (*registryv1.ServiceEndpoint, error) {
+	if in == nil {
+		return nil, &FieldError{Field: "endpoint", Reason: "must be set"}
+	}
+	ep := proto.Clone(in).(*registryv1.ServiceEndpoint)
+	ep.CreatedAt, ep.UpdatedAt = nil, nil
+
+	if err := ValidateName("service", ep.Service); err != nil {
+		return nil, fieldErr("endpoint.service", err)
+	}
+	if _, err := ProtocolSegment(ep.Protocol); err != nil {
+		return nil, fieldErr("endpoint.protocol", err)
+	}
+	ip, err := CanonicalIP(ep.Ip)
+	if err != nil {
+		return nil, fieldErr("endpoint.ip", err)
+	}
+	ep.Ip = ip
+	if err := ValidateName("region", ep.Region); err != nil {
+		return nil, fieldErr("endpoint.region", err)
+	}
+	if err := ValidateName("cluster", ep.Cluster); err != nil {
+		return nil, fieldErr("endpoint.cluster", err)
+	}
+	if ep.Node != "" {
+		if err := ValidateName("node", ep.Node); err != nil {
+			return nil, fieldErr("endpoint.node", err)
+		}
+	}
+	if ep.Zone != "" {
+		if err := ValidateName("zone", ep.Zone); err != nil {
+			return nil, fieldErr("endpoint.zone", err)
+		}
+	}
+	switch ep.State {
+	case registryv1.State_STATE_UNSPECIFIED:
+		ep.State = registryv1.State_STATE_SERVING
+	case registryv1.State_STATE_SERVING, registryv1.State_STATE_DRAINING:
+	default:
+		return nil, &FieldError{Field: "endpoint.state", Reason: fmt.Sprintf("unknown state %d (use SERVING or DRAINING)", int32(ep.State))}
+	}
+	switch {
+	case ep.Weight == 0:
+		ep.Weight = 1
+	case ep.Weight > lim.MaxWeight:
+		return nil, &FieldError{Field: "endpoint.weight", Reason: fmt.Sprintf("%d exceeds the limit of %d", ep.Weight, lim.MaxWeight)}
+	}
+	if err := normalizePorts(ep, lim); err != nil {
+		return nil, err
+	}
+	if err := validateMetadata(ep.Metadata, lim); err != nil {
+		return nil, err
+	}
+	return ep, nil
+}
+
+func normalizePorts(ep *registryv1.ServiceEndpoint, lim Limits) error {
+	switch {
+	case len(ep.Ports) == 0:
+		return &FieldError{Field: "endpoint.ports", Reason: "at least one port is required"}
+	case len(ep.Ports) > lim.MaxPorts:
+		return &FieldError{Field: "endpoint.ports", Reason: fmt.Sprintf("%d ports exceed the limit of %d", len(ep.Ports), lim.MaxPorts)}
+	}
+	if len(ep.Ports) == 1 && ep.Ports[0].GetName() == "" {
+		ep.Ports[0].Name = ProtocolName(ep.Protocol)
+	}
+	seen := make(map[string]bool, len(ep.Ports))
+	for i, p := range ep.Ports {
+		field := fmt.Sprintf("endpoint.ports[%d]", i)
+		if p == nil {
+			return &FieldError{Field: field, Reason: "must be set"}
+		}
+		if p.Port == 0 || p.Port > 65535 {
+			return &FieldError{Field: field + ".port", Reason: fmt.Sprintf("%d is not a port number (1-65535)", p.Port)}
+		}
+		if p.Name == "" {
+			return &FieldError{Field: field + ".name", Reason: "must be set when an endpoint has more than one port"}
+		}
+		if err := ValidateName("port name", p.Name); err != nil {
+			return fieldErr(field+".name", err)
+		}
+		if seen[p.Name] {
+			return &FieldError{Field: field + ".name", Reason: fmt.Sprintf("duplicate port name %q", p.Name)}
+		}
+		seen[p.Name] = true
+	}
+	sort.Slice(ep.Ports, func(i, j int) bool { return ep.Ports[i].Name < ep.Ports[j].Name })
+	return nil
+}
+
+func validateMetadata(md map[string]string, lim Limits) error {
+	if len(md) > lim.MaxMetadataEntries {
+		return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("%d entries exceed the limit of %d", len(md), lim.MaxMetadataEntries)}
+	}
+	total := 0
+	for k, v := range md {
+		if k == "" {
+			return &FieldError{Field: "endpoint.metadata", Reason: "keys must not be empty"}
+		}
+		if len(k) > lim.MaxMetadataKeyLen {
+			return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("key %.20q... is %d bytes; the limit is %d", k, len(k), lim.MaxMetadataKeyLen)}
+		}
+		for i := 0; i < len(k); i++ {
+			if c := k[i]; !isAlnum(c) && c != '.' && c != '_' && c != '-' && c != '/' {
+				return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("key %q contains %q; allowed are letters, digits, '.', '_', '-' and '/'", k, string(rune(c)))}
+			}
+		}
+		if len(v) > lim.MaxMetadataValueLen {
+			return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("value of %q is %d bytes; the limit is %d", k, len(v), lim.MaxMetadataValueLen)}
+		}
+		if !utf8.ValidString(v) {
+			return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("value of %q is not valid UTF-8", k)}
+		}
+		total += len(k) + len(v)
+	}
+	if total > lim.MaxMetadataBytes {
+		return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("%d bytes exceed the limit of %d", total, lim.MaxMetadataBytes)}
+	}
+	return nil
+}
+
+// SameAttributes reports whether two stored endpoints differ in anything but
+// their timestamps; a re-registration that changes nothing is not an update.
+// Both must be normalized (ports sorted).
+func SameAttributes(a, b *registryv1.ServiceEndpoint) bool {
+	if IDOf(a) != IDOf(b) || a.Node != b.Node || a.Zone != b.Zone || a.State != b.State ||
+		a.Weight != b.Weight || len(a.Ports) != len(b.Ports) || len(a.Metadata) != len(b.Metadata) {
+		return false
+	}
+	for i := range a.Ports {
+		if a.Ports[i].GetName() != b.Ports[i].GetName() || a.Ports[i].GetPort() != b.Ports[i].GetPort() {
+			return false
+		}
+	}
+	for k, v := range a.Metadata {
+		if w, ok := b.Metadata[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
