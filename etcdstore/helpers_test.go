@@ -1,0 +1,216 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registry"
+)
+
+// testCtx bounds each test's etcd calls so a hang fails instead of eating
+// the suite's timeout.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// logSink records log lines for assertions and echoes them to t.Log.
+type logSink struct {
+	t  *testing.T
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	l.b.Write(p)
+	l.mu.Unlock()
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func newStore(t *testing.T, cli *clientv3.Client, opts Options) (*Store, *logSink) {
+	sink := &logSink{t: t}
+	opts.Logger = slog.New(slog.NewTextHandler(sink, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return New(cli, opts), sink
+}
+
+// endpoint i of a service, with an attribute that changes with gen so
+// updates are visible.
+func endpoint(service string, i, gen int) *registryv1.ServiceEndpoint {
+	return &registryv1.ServiceEndpoint{
+		Service:  service,
+		Protocol: registryv1.Protocol_PROTOCOL_HTTP1,
+		Ip:       fmt.Sprintf("10.%d.%d.%d", i>>16&0xff, i>>8&0xff, i&0xff),
+		Ports:    []*registryv1.Port{{Name: "http", Port: 8080}},
+		Node:     fmt.Sprintf("node-%d", gen),
+		Cluster:  "c1",
+		Region:   "r1",
+		State:    registryv1.State_STATE_SERVING,
+		Weight:   1,
+	}
+}
+
+// v1Key spells the schema out by hand rather than through registry, so a
+// change to the key layout is caught here.
+func v1Key(ep *registryv1.ServiceEndpoint) string {
+	return fmt.Sprintf("/aether/v1/regions/%s/clusters/%s/services/%s/protocols/http1/endpoints/%s",
+		ep.Region, ep.Cluster, ep.Service, ep.Ip)
+}
+
+func put(ep *registryv1.ServiceEndpoint) Mutation {
+	return Mutation{ID: registry.IDOf(ep), Endpoint: ep}
+}
+func del(ep *registryv1.ServiceEndpoint) Mutation { return Mutation{ID: registry.IDOf(ep)} }
+
+func mustApply(t *testing.T, s *Store, muts ...Mutation) int64 {
+	t.Helper()
+	rev, err := s.Apply(testCtx(t), muts)
+	if err != nil {
+		t.Fatalf("Apply: %v", err)
+	}
+	return rev
+}
+
+func currentRev(t *testing.T, cli *clientv3.Client) int64 {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+func sameEndpoint(a, b *registryv1.ServiceEndpoint) bool { return proto.Equal(a, b) }
+
+// watcher collects a Watch stream in the background.
+type watcher struct {
+	t      *testing.T
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu      sync.Mutex
+	batches []WatchBatch
+	closed  bool
+}
+
+func startWatch(t *testing.T, s *Store, afterRev int64) *watcher {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &watcher{t: t, cancel: cancel, done: make(chan struct{})}
+	ch := s.Watch(ctx, afterRev)
+	go func() {
+		defer close(w.done)
+		for b := range ch {
+			w.mu.Lock()
+			w.batches = append(w.batches, b)
+			w.mu.Unlock()
+		}
+		w.mu.Lock()
+		w.closed = true
+		w.mu.Unlock()
+	}()
+	t.Cleanup(func() { cancel(); <-w.done })
+	return w
+}
+
+func (w *watcher) snapshot() ([]WatchBatch, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]WatchBatch(nil), w.batches...), w.closed
+}
+
+func (w *watcher) events() []Event {
+	bs, _ := w.snapshot()
+	var evs []Event
+	for _, b := range bs {
+		evs = append(evs, b.Events...)
+	}
+	return evs
+}
+
+// waitFor polls until cond holds on what the watcher has seen.
+func (w *watcher) waitFor(what string, timeout time.Duration, cond func(bs []WatchBatch, closed bool) bool) {
+	w.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		bs, closed := w.snapshot()
+		if cond(bs, closed) {
+			return
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("timed out after %v waiting for %s; got %d batches (closed=%v): %s", timeout, what, len(bs), closed, describe(bs))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (w *watcher) waitRevision(rev int64) {
+	w.t.Helper()
+	w.waitFor(fmt.Sprintf("revision %d", rev), 15*time.Second, func(bs []WatchBatch, _ bool) bool {
+		return len(bs) > 0 && bs[len(bs)-1].Revision >= rev
+	})
+}
+
+func describe(bs []WatchBatch) string {
+	var sb strings.Builder
+	for _, b := range bs {
+		fmt.Fprintf(&sb, "\n  rev=%d compacted=%v events=[", b.Revision, b.Compacted)
+		for i, e := range b.Events {
+			if i > 0 {
+				sb.WriteString(" ")
+			}
+			op := "put"
+			if e.Endpoint == nil {
+				op = "del"
+			}
+			fmt.Fprintf(&sb, "%s:%s@%d", op, e.ID.IP, e.Revision)
+		}
+		sb.WriteString("]")
+	}
+	return sb.String()
+}
+
+// checkStream asserts the invariants every consumer relies on: batch
+// revisions never decrease, event revisions strictly increase across
+// batches, no event is above its batch's revision, and none is repeated.
+func checkStream(t *testing.T, bs []WatchBatch, afterRev int64) {
+	t.Helper()
+	last, lastEv := afterRev, afterRev
+	seen := make(map[string]bool)
+	for i, b := range bs {
+		if b.Revision < last {
+			t.Fatalf("batch %d revision %d < previous %d:%s", i, b.Revision, last, describe(bs))
+		}
+		for j, e := range b.Events {
+			if e.Revision <= afterRev || e.Revision > b.Revision {
+				t.Fatalf("batch %d event %d revision %d outside (%d, %d]", i, j, e.Revision, afterRev, b.Revision)
+			}
+			if e.Revision < lastEv || (j == 0 && e.Revision == lastEv && i > 0) {
+				t.Fatalf("batch %d event %d revision %d not after %d:%s", i, j, e.Revision, lastEv, describe(bs))
+			}
+			k := fmt.Sprintf("%s@%d", e.ID, e.Revision)
+			if seen[k] {
+				t.Fatalf("event %s delivered twice:%s", k, describe(bs))
+			}
+			seen[k] = true
+			lastEv = e.Revision
+		}
+		last = b.Revision
+	}
+}

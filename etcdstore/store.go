@@ -1,0 +1,252 @@
+// Package etcdstore is the etcd backend of the registry: it writes endpoint
+// mutations in batches, lists the registry at a single revision and streams
+// changes after a revision. It knows the v1 key schema only through package
+// registry and holds no state of its own beyond its options, so any number
+// of Stores may share one client.
+//
+// Invariants:
+//
+//   - Every key written is registry.EndpointID.Key() of a valid identity, and
+//     every value is registry.EncodeEndpoint of an endpoint whose identity is
+//     that key. Apply checks the whole batch before sending anything, so an
+//     invalid batch writes nothing.
+//   - Apply never sends more than MaxTxnOps operations in one Txn (etcd
+//     rejects larger ones), and never a key twice in one Txn (etcd rejects
+//     that too). Its writes are unconditional puts and deletes, so replaying
+//     a batch, whole or from any point, converges on the same state: that is
+//     what makes a retry after a partial failure safe.
+//   - A Listing is consistent at exactly Listing.Revision: every page is read
+//     at the first page's revision, so writes that land while paging do not
+//     appear. It therefore composes with Watch(ctx, Listing.Revision) into a
+//     gapless view.
+//   - Watch delivers each revision at most once and in order, across any
+//     number of broken and re-established etcd watches, and says so
+//     (Compacted) rather than skipping when it cannot resume.
+//   - List and Watch agree on what counts as an endpoint: keys under
+//     registry.Root that are not endpoint keys are ignored silently, and an
+//     endpoint key whose value does not decode is treated as absent (skipped
+//     by List, a removal for Watch) and logged.
+package etcdstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registry"
+)
+
+// Defaults for zero Options fields.
+const (
+	// DefaultMaxTxnOps is etcd's --max-txn-ops default. A Store must not be
+	// configured above the server's value, or every large batch fails.
+	DefaultMaxTxnOps = 128
+	// DefaultPageSize keeps each Range response to a few MiB for endpoints
+	// within registry.DefaultLimits, well under gRPC's and etcd's limits.
+	DefaultPageSize = 5000
+)
+
+// maxListAttempts bounds how often List starts over after the revision it
+// was paging at got compacted; losing that race twice in a row means
+// compaction is far too aggressive for listings to finish.
+const maxListAttempts = 3
+
+// maxSkipLogs bounds the per-key warnings of one listing, so a subtree full
+// of garbage does not flood the log on every periodic re-list; the count in
+// the summary line is still exact.
+const maxSkipLogs = 10
+
+// Options configure a Store. Zero values take the defaults.
+type Options struct {
+	MaxTxnOps int // default 128, etcd's --max-txn-ops default
+	PageSize  int // keys per Range page when listing, default 5000
+	Logger    *slog.Logger
+}
+
+// Store reads and writes the registry in etcd.
+type Store struct {
+	cli       *clientv3.Client
+	maxTxnOps int
+	pageSize  int
+	log       *slog.Logger
+
+	// afterPage, if set, runs after each page of a listing is read. Tests
+	// use it to write or compact between pages deterministically.
+	afterPage func(ctx context.Context, page int)
+}
+
+// New returns a Store using cli. The caller keeps ownership of cli.
+func New(cli *clientv3.Client, opts Options) *Store {
+	if opts.MaxTxnOps <= 0 {
+		opts.MaxTxnOps = DefaultMaxTxnOps
+	}
+	if opts.PageSize <= 0 {
+		opts.PageSize = DefaultPageSize
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{cli: cli, maxTxnOps: opts.MaxTxnOps, pageSize: opts.PageSize, log: opts.Logger}
+}
+
+// Client returns the etcd client the Store uses.
+func (s *Store) Client() *clientv3.Client { return s.cli }
+
+// Mutation puts Endpoint at ID's key, or deletes the key when Endpoint is nil.
+type Mutation struct {
+	ID       registry.EndpointID
+	Endpoint *registryv1.ServiceEndpoint
+}
+
+// Apply writes muts in one Txn when len(muts) <= MaxTxnOps, otherwise in
+// ceil(len/MaxTxnOps) Txns in order, and returns the revision of the last
+// Txn (0 for no mutations: nothing is sent).
+//
+// Keys must be unique within muts; an invalid ID, an Endpoint whose identity
+// differs from ID or a duplicate key is an error and nothing is sent. If a
+// later Txn fails, the earlier ones have been committed: the error says how
+// many mutations landed, and since every operation is an unconditional put
+// or delete the caller may simply retry the whole slice.
+//
+// Each Txn carries at most MaxTxnOps encoded endpoints; for endpoints within
+// registry.DefaultLimits that is far below etcd's 1.5 MiB request limit.
+func (s *Store) Apply(ctx context.Context, muts []Mutation) (rev int64, err error) {
+	ops, err := s.ops(muts)
+	if err != nil {
+		return 0, err
+	}
+	n := (len(ops) + s.maxTxnOps - 1) / s.maxTxnOps
+	for i := 0; i < n; i++ {
+		lo, hi := i*s.maxTxnOps, min((i+1)*s.maxTxnOps, len(ops))
+		resp, err := s.cli.Txn(ctx).Then(ops[lo:hi]...).Commit()
+		if err != nil {
+			return 0, fmt.Errorf("etcd txn %d of %d (mutations %d-%d; %d before it committed): %w", i+1, n, lo, hi-1, lo, err)
+		}
+		rev = resp.Header.GetRevision()
+	}
+	return rev, nil
+}
+
+// ops validates and encodes a batch, rejecting it whole on the first problem.
+func (s *Store) ops(muts []Mutation) ([]clientv3.Op, error) {
+	ops := make([]clientv3.Op, 0, len(muts))
+	seen := make(map[string]int, len(muts))
+	for i, m := range muts {
+		key, err := m.ID.Key()
+		if err != nil {
+			return nil, fmt.Errorf("mutation %d: invalid endpoint id %s: %w", i, m.ID, err)
+		}
+		if j, dup := seen[key]; dup {
+			return nil, fmt.Errorf("mutations %d and %d both write %s; a txn may touch a key once", j, i, key)
+		}
+		seen[key] = i
+		if m.Endpoint == nil {
+			ops = append(ops, clientv3.OpDelete(key))
+			continue
+		}
+		if got := registry.IDOf(m.Endpoint); got != m.ID {
+			return nil, fmt.Errorf("mutation %d: endpoint %s does not match its id %s", i, got, key)
+		}
+		val, err := registry.EncodeEndpoint(m.Endpoint)
+		if err != nil {
+			return nil, fmt.Errorf("mutation %d: encode %s: %w", i, key, err)
+		}
+		ops = append(ops, clientv3.OpPut(key, string(val)))
+	}
+	return ops, nil
+}
+
+// Listing is a consistent snapshot of (part of) the registry.
+type Listing struct {
+	Endpoints []*registryv1.ServiceEndpoint // in key order
+	Revision  int64                         // the store revision the listing is consistent at
+	Skipped   int                           // endpoint keys whose value did not decode (logged at warn)
+}
+
+// List returns every endpoint under registry.Root at a single revision,
+// using linearizable reads, PageSize keys per request.
+func (s *Store) List(ctx context.Context) (Listing, error) {
+	return s.ListPrefix(ctx, registry.Root)
+}
+
+// ListPrefix is List restricted to a prefix under registry.Root, e.g.
+// registry.ServicePrefix(region, cluster, service).
+func (s *Store) ListPrefix(ctx context.Context, prefix string) (Listing, error) {
+	if !strings.HasPrefix(prefix, registry.Root) {
+		return Listing{}, fmt.Errorf("list prefix %q is not under %s", prefix, registry.Root)
+	}
+	var err error
+	for attempt := 1; attempt <= maxListAttempts; attempt++ {
+		var l Listing
+		l, err = s.listOnce(ctx, prefix)
+		if err == nil {
+			return l, nil
+		}
+		// Auto-compaction may overtake a long listing's revision. The
+		// listing is useless then, but a fresh one at a newer revision is
+		// as good, so start over rather than fail the caller.
+		if !errors.Is(err, rpctypes.ErrCompacted) || ctx.Err() != nil {
+			break
+		}
+		s.log.Warn("etcd listing overtaken by compaction; starting over", "prefix", prefix, "attempt", attempt)
+	}
+	return Listing{}, err
+}
+
+func (s *Store) listOnce(ctx context.Context, prefix string) (Listing, error) {
+	var (
+		l      Listing
+		logged int
+		end    = clientv3.GetPrefixRangeEnd(prefix)
+		from   = prefix
+	)
+	for page := 1; ; page++ {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(int64(s.pageSize))}
+		if l.Revision != 0 {
+			// Pin later pages to the first page's revision so the listing
+			// is one snapshot, not a smear across concurrent writes.
+			opts = append(opts, clientv3.WithRev(l.Revision))
+		}
+		resp, err := s.cli.Get(ctx, from, opts...)
+		if err != nil {
+			return Listing{}, fmt.Errorf("etcd list %s page %d (at revision %d): %w", prefix, page, l.Revision, err)
+		}
+		if l.Revision == 0 {
+			l.Revision = resp.Header.GetRevision()
+		}
+		for _, kv := range resp.Kvs {
+			key := string(kv.Key)
+			if !registry.IsEndpointKey(key) {
+				continue // other records under Root (nodes, later) are not ours
+			}
+			ep, err := registry.DecodeEndpoint(key, kv.Value)
+			if err != nil {
+				l.Skipped++
+				if logged < maxSkipLogs {
+					logged++
+					s.log.Warn("skipping undecodable endpoint record", "key", key, "mod_revision", kv.ModRevision, "err", err)
+				}
+				continue
+			}
+			l.Endpoints = append(l.Endpoints, ep)
+		}
+		if s.afterPage != nil {
+			s.afterPage(ctx, page)
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		// The smallest key after the last one returned.
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	if l.Skipped > 0 {
+		s.log.Warn("listing skipped undecodable endpoint records", "prefix", prefix, "skipped", l.Skipped, "revision", l.Revision)
+	}
+	return l, nil
+}

@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/registry"
+)
+
+// serveRegistrar runs the registrar until ctx is cancelled.
+func serveRegistrar(ctx context.Context, opts registrar.Options) error {
+	return registrar.Serve(ctx, opts)
+}
+
+func newRegistrarCmd(d deps) *cobra.Command {
+	opts := registrar.DefaultOptions()
+	var logLevel, logFormat string
+
+	cmd := &cobra.Command{
+		Use:   "registrar",
+		Short: "Run a registrar",
+		Long: `Run a registrar: the cluster's write choke point and watch cache over etcd.
+
+With no --etcd-endpoints the registrar runs an embedded etcd in --data-dir.
+It serves the Registrar gRPC API on --grpc-addr and /healthz, /readyz and
+/metrics on --http-addr, and runs until interrupted (SIGINT or SIGTERM),
+then shuts down gracefully.`,
+		Example: `  aether registrar --cluster-name c1 --region eu-west --zone eu-west-1a
+  aether registrar --etcd-endpoints http://etcd-0:2379,http://etcd-1:2379
+  AETHER_GRPC_ADDR=:9443 AETHER_LOG_FORMAT=json aether registrar`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			logger, err := newLogger(cmd.ErrOrStderr(), logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			if err := validateRegistrarOptions(opts); err != nil {
+				return err
+			}
+			opts.Logger = logger
+			return d.serve(cmd.Context(), opts)
+		},
+	}
+
+	f := cmd.Flags()
+	f.StringSliceVar(&opts.EtcdEndpoints, "etcd-endpoints", opts.EtcdEndpoints, "etcd client URLs, comma-separated; empty runs an embedded etcd")
+	f.StringVar(&opts.DataDir, "data-dir", opts.DataDir, "data directory of the embedded etcd")
+	f.StringVar(&opts.EmbeddedEtcdAddr, "embedded-etcd-addr", opts.EmbeddedEtcdAddr, "client address of the embedded etcd")
+	f.StringVar(&opts.EmbeddedEtcdPeerAddr, "embedded-etcd-peer-addr", opts.EmbeddedEtcdPeerAddr, "peer address of the embedded etcd")
+	f.StringVar(&opts.GRPCAddr, "grpc-addr", opts.GRPCAddr, "address of the Registrar gRPC API (port 0 picks a free port)")
+	f.StringVar(&opts.HTTPAddr, "http-addr", opts.HTTPAddr, "address of /healthz, /readyz and /metrics (port 0 picks a free port)")
+	f.StringVar(&opts.ClusterName, "cluster-name", opts.ClusterName, "cluster this registrar writes for")
+	f.StringVar(&opts.Region, "region", opts.Region, "region this registrar writes for")
+	f.StringVar(&opts.Zone, "zone", opts.Zone, "zone this registrar runs in (optional)")
+	f.DurationVar(&opts.SyncInterval, "sync-interval", opts.SyncInterval, "full re-list from etcd every interval, as a backstop to the watch")
+	f.DurationVar(&opts.SyncDebounce, "sync-debounce", opts.SyncDebounce, "at most one re-list per this interval when the watch asks for one")
+	f.DurationVar(&opts.WriteBatchInterval, "write-batch-interval", opts.WriteBatchInterval, "flush pending writes to etcd every interval")
+	f.IntVar(&opts.WriteBatchSize, "write-batch-size", opts.WriteBatchSize, "flush sooner once this many writes are pending")
+	f.IntVar(&opts.WriteQueueLimit, "write-queue-limit", opts.WriteQueueLimit, "refuse writes once this many endpoints wait to be persisted")
+	f.IntVar(&opts.WatchHistory, "watch-history", opts.WatchHistory, "events retained so watchers can resume")
+	f.IntVar(&opts.WatchBuffer, "watch-buffer", opts.WatchBuffer, "undelivered messages per watch stream before it is cut off")
+	f.DurationVar(&opts.ProgressInterval, "watch-progress-interval", opts.ProgressInterval, "send idle watch streams a PROGRESS bookmark every interval")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	return cmd
+}
+
+// validateRegistrarOptions checks the options before anything starts, so a
+// typo fails fast with the flag named.
+func validateRegistrarOptions(o registrar.Options) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	names := []struct{ flag, what, value string }{
+		{"--cluster-name", "cluster name", o.ClusterName},
+		{"--region", "region", o.Region},
+	}
+	if o.Zone != "" {
+		names = append(names, struct{ flag, what, value string }{"--zone", "zone", o.Zone})
+	}
+	for _, n := range names {
+		if err := registry.ValidateName(n.what, n.value); err != nil {
+			return fmt.Errorf("%s: %v", n.flag, err)
+		}
+	}
+	addrs := []struct{ flag, value string }{
+		{"--grpc-addr", o.GRPCAddr},
+		{"--http-addr", o.HTTPAddr},
+	}
+	if len(o.EtcdEndpoints) == 0 {
+		if o.DataDir == "" {
+			return fmt.Errorf("--data-dir must not be empty when the embedded etcd is used (no --etcd-endpoints)")
+		}
+		addrs = append(addrs,
+			struct{ flag, value string }{"--embedded-etcd-addr", o.EmbeddedEtcdAddr},
+			struct{ flag, value string }{"--embedded-etcd-peer-addr", o.EmbeddedEtcdPeerAddr},
+		)
+	}
+	for _, a := range addrs {
+		if _, _, err := net.SplitHostPort(a.value); err != nil {
+			return fmt.Errorf("%s %q: not a host:port address (%v); use e.g. 127.0.0.1:9443 or :9443", a.flag, a.value, unwrapAddrErr(err))
+		}
+	}
+	for i, ep := range o.EtcdEndpoints {
+		if strings.TrimSpace(ep) == "" {
+			return fmt.Errorf("--etcd-endpoints: entry %d is empty; give comma-separated URLs such as http://etcd-0:2379", i+1)
+		}
+	}
+	return nil
+}
+
+// unwrapAddrErr drops the repeated address from a net.AddrError.
+func unwrapAddrErr(err error) string {
+	if ae, ok := err.(*net.AddrError); ok {
+		return ae.Err
+	}
+	return err.Error()
+}
+
+// newLogger builds the registrar's logger writing to w.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lvl slog.Level
+	switch strings.ToLower(level) {
+	case "debug":
+		lvl = slog.LevelDebug
+	case "info":
+		lvl = slog.LevelInfo
+	case "warn", "warning":
+		lvl = slog.LevelWarn
+	case "error":
+		lvl = slog.LevelError
+	default:
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	ho := &slog.HandlerOptions{Level: lvl}
+	switch strings.ToLower(format) {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+}

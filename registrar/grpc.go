@@ -1,0 +1,162 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registry"
+)
+
+// snapshotChunk bounds the endpoints per FULL_SNAPSHOT message, keeping each
+// message far below gRPC's default 4 MiB receive limit.
+const snapshotChunk = 1000
+
+// service adapts a Registrar to the gRPC API. It owns nothing but the
+// mapping of errors to status codes.
+type service struct {
+	registrarv1.UnimplementedRegistrarServer
+	r *Registrar
+}
+
+// RegisterGRPC registers the Registrar API on s.
+func (r *Registrar) RegisterGRPC(s grpc.ServiceRegistrar) {
+	registrarv1.RegisterRegistrarServer(s, &service{r: r})
+}
+
+func (s *service) RegisterEndpoint(ctx context.Context, req *registrarv1.RegisterEndpointRequest) (*registrarv1.RegisterEndpointResponse, error) {
+	ep, v, err := s.r.Register(req.GetEndpoint())
+	if err != nil {
+		return nil, s.status("register", err)
+	}
+	return &registrarv1.RegisterEndpointResponse{Endpoint: ep, Version: v}, nil
+}
+
+func (s *service) UnregisterEndpoint(ctx context.Context, req *registrarv1.UnregisterEndpointRequest) (*registrarv1.UnregisterEndpointResponse, error) {
+	v, err := s.r.Unregister(registry.EndpointID{
+		Region:   req.GetRegion(),
+		Cluster:  req.GetCluster(),
+		Service:  req.GetService(),
+		Protocol: req.GetProtocol(),
+		IP:       req.GetIp(),
+	})
+	if err != nil {
+		return nil, s.status("unregister", err)
+	}
+	return &registrarv1.UnregisterEndpointResponse{Version: v}, nil
+}
+
+func (s *service) ListAllEndpoints(ctx context.Context, req *registrarv1.ListAllEndpointsRequest) (*registrarv1.ListAllEndpointsResponse, error) {
+	eps, v, err := s.r.List(req.GetServices())
+	if err != nil {
+		return nil, s.status("list", err)
+	}
+	return &registrarv1.ListAllEndpointsResponse{Endpoints: eps, Version: v}, nil
+}
+
+func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream grpc.ServerStreamingServer[registrarv1.EndpointEvent]) error {
+	f, err := newFilter(req.GetServices())
+	if err != nil {
+		return status.Error(codes.InvalidArgument, "services: "+err.Error())
+	}
+	from, err := parseVersion(req.GetLastVersion())
+	if err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	sub := s.r.subscribe(f, from)
+	defer s.r.unsubscribe(sub.w)
+	log := s.r.log.With("node", req.GetNodeName(), "watcher_cluster", req.GetClusterName())
+
+	last := sub.at.String()
+	if sub.resumed {
+		for _, ev := range sub.missed {
+			if err := stream.Send(ev); err != nil {
+				return err
+			}
+		}
+		// Tell the client it is current even if it missed nothing.
+		if err := stream.Send(&registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Version: last, Sequence: sub.at.seq}); err != nil {
+			return err
+		}
+	} else if err := sendSnapshot(stream, sub.snapshot, sub.at); err != nil {
+		return err
+	}
+	s.r.metrics.delivered(registrarv1.EndpointEvent_FULL_SNAPSHOT, btoi(!sub.resumed))
+	log.Debug("watch started", "resumed", sub.resumed, "missed", len(sub.missed), "snapshot", len(sub.snapshot), "version", last)
+
+	ctx := stream.Context()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.r.closing:
+			return status.Errorf(codes.Unavailable, "registrar is shutting down; reconnect and resume with last_version=%q", last)
+		case <-sub.w.evicted:
+			// Whatever is still buffered was never sent; the client resumes
+			// from the last version it did receive.
+			s.r.metrics.evictions.Inc()
+			log.Warn("watch stream evicted: consumer too slow", "last_version", last, "buffer", s.r.opts.WatchBuffer)
+			return status.Errorf(codes.ResourceExhausted,
+				"watch stream evicted: the client fell %d messages behind (--watch-buffer); resume with last_version=%q",
+				s.r.opts.WatchBuffer, last)
+		case batch := <-sub.w.ch:
+			for _, ev := range batch {
+				if err := stream.Send(ev); err != nil {
+					return err
+				}
+				last = ev.Version
+			}
+		}
+	}
+}
+
+func sendSnapshot(stream grpc.ServerStreamingServer[registrarv1.EndpointEvent], eps []*registryv1.ServiceEndpoint, at version) error {
+	v := at.String()
+	for i := 0; ; i += snapshotChunk {
+		end := min(i+snapshotChunk, len(eps))
+		if err := stream.Send(&registrarv1.EndpointEvent{
+			Type:              registrarv1.EndpointEvent_FULL_SNAPSHOT,
+			Version:           v,
+			Sequence:          at.seq,
+			Endpoints:         eps[i:end],
+			SnapshotContinues: end < len(eps),
+		}); err != nil {
+			return err
+		}
+		if end == len(eps) {
+			return nil
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// status maps a registrar error to a precise gRPC status.
+func (s *service) status(op string, err error) error {
+	var fe *registry.FieldError
+	switch {
+	case errors.As(err, &fe):
+		s.r.metrics.rejected.WithLabelValues("invalid").Inc()
+		return status.Error(codes.InvalidArgument, fe.Error())
+	case errors.Is(err, errNotFound):
+		s.r.metrics.rejected.WithLabelValues("not_found").Inc()
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, errQueueFull):
+		s.r.metrics.rejected.WithLabelValues("queue_full").Inc()
+		return status.Error(codes.ResourceExhausted, fmt.Sprintf(
+			"%s: write queue is full (%d endpoints waiting to be persisted, --write-queue-limit); the backend is not keeping up, retry later",
+			op, s.r.opts.WriteQueueLimit))
+	}
+	return status.Error(codes.Internal, fmt.Sprintf("%s: %v", op, err))
+}

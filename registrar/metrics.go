@@ -1,0 +1,118 @@
+package registrar
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+)
+
+// metrics are per Registrar (no global registry), so several registrars can
+// live in one test process.
+type metrics struct {
+	reg            *prometheus.Registry
+	syncDuration   prometheus.Histogram
+	syncErrors     prometheus.Counter
+	batchSize      prometheus.Histogram
+	flushDuration  prometheus.Histogram
+	flushErrors    prometheus.Counter
+	broadcast      *prometheus.CounterVec
+	broadcastByTyp map[registrarv1.EndpointEvent_EventType]prometheus.Counter
+	evictions      prometheus.Counter
+	rejected       *prometheus.CounterVec
+}
+
+func newMetrics(r *Registrar) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "registrar_sync_duration_seconds",
+			Help:    "Time to list the backend and reconcile the snapshot with it.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "registrar_sync_errors_total",
+			Help: "Backend listings that failed.",
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "registrar_write_batch_size",
+			Help:    "Writes per write-behind flush.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
+		flushDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "registrar_write_flush_duration_seconds",
+			Help:    "Time for one write-behind flush to be committed by the backend.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		flushErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "registrar_write_flush_errors_total",
+			Help: "Write-behind flushes that failed and will be retried.",
+		}),
+		broadcast: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "registrar_event_broadcast_total",
+			Help: "Events handed to watching streams, by type (one per stream).",
+		}, []string{"type"}),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "registrar_watch_evictions_total",
+			Help: "Watch streams cut off because they did not keep up.",
+		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "registrar_requests_rejected_total",
+			Help: "Requests refused, by reason.",
+		}, []string{"reason"}),
+	}
+	m.broadcastByTyp = map[registrarv1.EndpointEvent_EventType]prometheus.Counter{}
+	for v, name := range registrarv1.EndpointEvent_EventType_name {
+		m.broadcastByTyp[registrarv1.EndpointEvent_EventType(v)] = m.broadcast.WithLabelValues(name)
+	}
+	m.reg.MustRegister(
+		m.syncDuration, m.syncErrors, m.batchSize, m.flushDuration, m.flushErrors,
+		m.broadcast, m.evictions, m.rejected,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		&stateCollector{r: r},
+	)
+	return m
+}
+
+func (m *metrics) delivered(typ registrarv1.EndpointEvent_EventType, n int) {
+	if c, ok := m.broadcastByTyp[typ]; ok {
+		c.Add(float64(n))
+	}
+}
+
+// stateCollector reads gauges straight from the state at scrape time, so the
+// write path does no metric bookkeeping for them.
+type stateCollector struct{ r *Registrar }
+
+var (
+	descConnected = prometheus.NewDesc("registrar_connected_agents", "Open watch streams.", nil, nil)
+	descEndpoints = prometheus.NewDesc("registrar_endpoint_count", "Endpoints in the snapshot, by origin cluster.", []string{"cluster"}, nil)
+	descQueue     = prometheus.NewDesc("registrar_write_queue_depth", "Endpoints with acknowledged writes not yet persisted.", nil, nil)
+	descBackend   = prometheus.NewDesc("registrar_backend_revision", "Backend revision the snapshot reflects.", nil, nil)
+)
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descConnected
+	ch <- descEndpoints
+	ch <- descQueue
+	ch <- descBackend
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	c.r.mu.Lock()
+	connected := c.r.hub.len()
+	counts := make(map[string]int, len(c.r.st.byCount))
+	for k, v := range c.r.st.byCount {
+		counts[k] = v
+	}
+	depth := c.r.st.queue.depth()
+	rev := c.r.st.backendRv
+	c.r.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(descConnected, prometheus.GaugeValue, float64(connected))
+	for cl, n := range counts {
+		ch <- prometheus.MustNewConstMetric(descEndpoints, prometheus.GaugeValue, float64(n), cl)
+	}
+	ch <- prometheus.MustNewConstMetric(descQueue, prometheus.GaugeValue, float64(depth))
+	ch <- prometheus.MustNewConstMetric(descBackend, prometheus.GaugeValue, float64(rev))
+}

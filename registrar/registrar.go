@@ -1,0 +1,300 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/registry"
+)
+
+// Backend is the durable store a registrar persists to and learns other
+// replicas' writes from. *etcdstore.Store implements it.
+type Backend interface {
+	// Apply persists a batch (puts and deletes, unique keys) and returns the
+	// revision it landed at. It must be safe to retry after an error.
+	Apply(ctx context.Context, muts []etcdstore.Mutation) (int64, error)
+	// List returns every endpoint and the revision the listing is at.
+	List(ctx context.Context) (etcdstore.Listing, error)
+	// Watch streams changes after a revision, as etcdstore.Store.Watch.
+	Watch(ctx context.Context, afterRev int64) <-chan etcdstore.WatchBatch
+}
+
+// Registrar is one active-active replica: the snapshot, its streams, the
+// write-behind flusher and the backend syncer. The state machine (state) is
+// guarded by mu; the loops do I/O outside the lock.
+type Registrar struct {
+	opts    Options
+	backend Backend
+	log     *slog.Logger
+	metrics *metrics
+	now     func() time.Time
+
+	mu  sync.Mutex
+	st  *state
+	hub *hub
+
+	kick    chan struct{} // wakes the flusher before its tick
+	closing chan struct{} // closed when streams must end (shutdown)
+	closeMu sync.Once
+	started atomic.Bool
+	stop    context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// New builds a registrar over a backend. Call Start to load the snapshot.
+func New(opts Options, backend Backend) (*Registrar, error) {
+	opts = opts.withDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	r := &Registrar{
+		opts:    opts,
+		backend: backend,
+		log:     opts.Logger.With("component", "registrar", "cluster", opts.ClusterName, "region", opts.Region),
+		now:     time.Now,
+		st:      newState(newEpoch(), opts.WatchHistory, opts.WriteQueueLimit),
+		hub:     newHub(),
+		kick:    make(chan struct{}, 1),
+		closing: make(chan struct{}),
+	}
+	r.metrics = newMetrics(r)
+	r.hub.onDeliver = r.metrics.delivered
+	return r, nil
+}
+
+// Start loads the snapshot from the backend, retrying until it succeeds or
+// ctx ends, then starts the flusher, the syncer and the bookmark ticker. A
+// registrar does not serve before its snapshot is loaded: an empty snapshot
+// would tell every watcher that all endpoints are gone.
+func (r *Registrar) Start(ctx context.Context) error {
+	var l etcdstore.Listing
+	backoff := 100 * time.Millisecond
+	for {
+		var err error
+		l, err = r.list(ctx)
+		if err == nil {
+			break
+		}
+		r.log.Warn("initial listing failed; retrying", "err", err, "in", backoff)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("loading the snapshot from the backend: %w", err)
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
+	r.mu.Lock()
+	r.st.applyListing(l)
+	n := r.st.len()
+	r.mu.Unlock()
+	r.log.Info("snapshot loaded", "endpoints", n, "revision", l.Revision, "skipped", l.Skipped)
+
+	loopCtx, cancel := context.WithCancel(context.Background())
+	r.stop = cancel
+	r.wg.Add(3)
+	go func() { defer r.wg.Done(); r.runFlusher(loopCtx) }()
+	go func() { defer r.wg.Done(); r.runSync(loopCtx, l.Revision) }()
+	go func() { defer r.wg.Done(); r.runProgress(loopCtx) }()
+	r.started.Store(true)
+	return nil
+}
+
+// Close stops the loops and makes a last attempt, bounded by ctx, to persist
+// what is queued. Writes still queued when it returns are reported in the
+// error; they are lost only because the process is ending.
+func (r *Registrar) Close(ctx context.Context) error {
+	r.EndStreams()
+	if !r.started.Swap(false) {
+		return nil
+	}
+	r.stop()
+	r.wg.Wait()
+	for {
+		err := r.flush(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("registrar closed with %d writes not persisted: %w", r.PendingWrites(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// EndStreams ends every watch stream with UNAVAILABLE, so clients move to
+// another replica and resume there; part of shutting down.
+func (r *Registrar) EndStreams() { r.closeMu.Do(func() { close(r.closing) }) }
+
+// Ready reports whether the snapshot is loaded and the registrar serving.
+func (r *Registrar) Ready() bool { return r.started.Load() }
+
+// PendingWrites counts endpoints whose acknowledged writes are not yet
+// persisted.
+func (r *Registrar) PendingWrites() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.st.queue.depth()
+}
+
+// Register validates an endpoint, fills in this registrar's origin, applies
+// it to the snapshot and pushes it to watchers. It returns once the write is
+// queued for persistence.
+func (r *Registrar) Register(ep *registryv1.ServiceEndpoint) (*registryv1.ServiceEndpoint, string, error) {
+	if ep != nil {
+		if err := r.claimOrigin(&ep.Region, &ep.Cluster, "endpoint."); err != nil {
+			return nil, "", err
+		}
+	}
+	norm, err := registry.NormalizeEndpoint(ep, registry.DefaultLimits)
+	if err != nil {
+		return nil, "", err
+	}
+	r.mu.Lock()
+	stored, ev, err := r.st.register(norm, r.now())
+	v := r.st.version().String()
+	if ev != nil {
+		r.hub.publish([]*registrarv1.EndpointEvent{ev})
+	}
+	pending := len(r.st.queue.pending)
+	r.mu.Unlock()
+	if err != nil {
+		return nil, "", err
+	}
+	r.maybeKick(pending)
+	return stored, v, nil
+}
+
+// Unregister removes an endpoint of this registrar's origin.
+func (r *Registrar) Unregister(id registry.EndpointID) (string, error) {
+	if err := r.claimOrigin(&id.Region, &id.Cluster, ""); err != nil {
+		return "", err
+	}
+	ip, err := registry.CanonicalIP(id.IP)
+	if err != nil {
+		return "", &registry.FieldError{Field: "ip", Reason: err.Error()}
+	}
+	id.IP = ip
+	if err := registry.ValidateName("service", id.Service); err != nil {
+		return "", &registry.FieldError{Field: "service", Reason: err.Error()}
+	}
+	if _, err := registry.ProtocolSegment(id.Protocol); err != nil {
+		return "", &registry.FieldError{Field: "protocol", Reason: err.Error()}
+	}
+	r.mu.Lock()
+	ev, err := r.st.unregister(id)
+	v := r.st.version().String()
+	if ev != nil {
+		r.hub.publish([]*registrarv1.EndpointEvent{ev})
+	}
+	pending := len(r.st.queue.pending)
+	r.mu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	r.maybeKick(pending)
+	return v, nil
+}
+
+// claimOrigin defaults an empty region/cluster to this registrar's, and
+// refuses another origin: a registrar is the write path of its own cluster
+// only, which keeps every origin subtree single-writer.
+func (r *Registrar) claimOrigin(region, cluster *string, field string) error {
+	if *region == "" {
+		*region = r.opts.Region
+	}
+	if *cluster == "" {
+		*cluster = r.opts.ClusterName
+	}
+	if *region != r.opts.Region {
+		return &registry.FieldError{Field: field + "region", Reason: fmt.Sprintf("%q is not this registrar's region %q; write through a registrar of region %q", *region, r.opts.Region, *region)}
+	}
+	if *cluster != r.opts.ClusterName {
+		return &registry.FieldError{Field: field + "cluster", Reason: fmt.Sprintf("%q is not this registrar's cluster %q; write through a registrar of cluster %q", *cluster, r.opts.ClusterName, *cluster)}
+	}
+	return nil
+}
+
+// List returns the endpoints of the given services (all when empty) and the
+// version the listing is current as of.
+func (r *Registrar) List(services []string) ([]*registryv1.ServiceEndpoint, string, error) {
+	f, err := newFilter(services)
+	if err != nil {
+		return nil, "", &registry.FieldError{Field: "services", Reason: err.Error()}
+	}
+	r.mu.Lock()
+	eps, seq := r.st.snapshot(f)
+	r.mu.Unlock()
+	return eps, version{epoch: r.st.epoch, seq: seq}.String(), nil
+}
+
+// subscription is what a new stream starts from: either a snapshot or the
+// events it missed, then whatever arrives on w.
+type subscription struct {
+	w        *watcher
+	snapshot []*registryv1.ServiceEndpoint // when resumed is false
+	missed   []*registrarv1.EndpointEvent  // when resumed is true
+	resumed  bool
+	at       version
+}
+
+// subscribe registers a stream. Resuming from a token of this incarnation
+// inside the retention window yields exactly the missed events; any other
+// token yields a snapshot. Either way the watcher is added in the same
+// critical section, so nothing falls between the start and the stream.
+func (r *Registrar) subscribe(f filter, from version) *subscription {
+	w := newWatcher(f, r.opts.WatchBuffer)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sub := &subscription{w: w, at: r.st.version()}
+	if from.epoch == r.st.epoch {
+		sub.missed, sub.resumed = r.st.since(from.seq, f)
+	}
+	if !sub.resumed {
+		sub.snapshot, _ = r.st.snapshot(f)
+	}
+	r.hub.add(w)
+	return sub
+}
+
+func (r *Registrar) unsubscribe(w *watcher) {
+	r.mu.Lock()
+	r.hub.remove(w)
+	r.mu.Unlock()
+}
+
+func (r *Registrar) maybeKick(pending int) {
+	if pending >= r.opts.WriteBatchSize {
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (r *Registrar) list(ctx context.Context) (etcdstore.Listing, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(r.opts.SyncInterval, 10*time.Second))
+	defer cancel()
+	start := time.Now()
+	l, err := r.backend.List(ctx)
+	if err != nil {
+		r.metrics.syncErrors.Inc()
+		return l, err
+	}
+	r.metrics.syncDuration.Observe(time.Since(start).Seconds())
+	return l, nil
+}
+
+// isClosed reports a context error, for loops deciding whether a failure is
+// worth logging.
+func isClosed(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+}

@@ -1,0 +1,213 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	"github.com/aethermesh/aether/embedetcd"
+	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/registry"
+)
+
+// Server is a running registrar process: its etcd (embedded or a client to
+// an external cluster), the Registrar, and the gRPC and HTTP listeners.
+type Server struct {
+	opts    Options
+	etcd    *embedetcd.Server // nil with external etcd
+	cli     *clientv3.Client
+	reg     *Registrar
+	grpc    *grpc.Server
+	health  *health.Server
+	http    *http.Server
+	grpcLis net.Listener
+	httpLis net.Listener
+}
+
+// Serve runs a registrar until ctx ends, then shuts it down gracefully.
+func Serve(ctx context.Context, opts Options) error {
+	s, err := Start(ctx, opts)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	closeCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	return s.Close(closeCtx)
+}
+
+// Start brings a registrar up: etcd, the snapshot, then the listeners. It
+// returns once the registrar serves.
+func Start(ctx context.Context, opts Options) (_ *Server, err error) {
+	opts = opts.withDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	for flag, v := range map[string]string{"--cluster-name": opts.ClusterName, "--region": opts.Region} {
+		if err := registry.ValidateName(flag, v); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Zone != "" {
+		if err := registry.ValidateName("--zone", opts.Zone); err != nil {
+			return nil, err
+		}
+	}
+	log := opts.Logger
+	s := &Server{opts: opts}
+	defer func() {
+		if err != nil {
+			s.teardown()
+		}
+	}()
+
+	// Bind first: a port clash should fail in milliseconds, not after etcd
+	// has started.
+	if s.grpcLis, err = net.Listen("tcp", opts.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("--grpc-addr %s: %w (choose a free address)", opts.GRPCAddr, err)
+	}
+	if s.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
+		return nil, fmt.Errorf("--http-addr %s: %w (choose a free address)", opts.HTTPAddr, err)
+	}
+
+	endpoints := opts.EtcdEndpoints
+	if len(endpoints) == 0 {
+		s.etcd, err = embedetcd.Start(ctx, embedetcd.Config{
+			Dir:        filepath.Join(opts.DataDir, "etcd"),
+			ClientAddr: opts.EmbeddedEtcdAddr,
+			PeerAddr:   opts.EmbeddedEtcdPeerAddr,
+			Logger:     log,
+		})
+		if err != nil {
+			return nil, err
+		}
+		endpoints = s.etcd.Endpoints()
+		log.Info("embedded etcd started", "data_dir", opts.DataDir, "endpoints", endpoints)
+	}
+	s.cli, err = clientv3.New(clientv3.Config{
+		Endpoints:            endpoints,
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
+		Logger:               zap.NewNop(),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--etcd-endpoints %v: %w", endpoints, err)
+	}
+	s.reg, err = New(opts, etcdstore.New(s.cli, etcdstore.Options{Logger: log}))
+	if err != nil {
+		return nil, err
+	}
+
+	s.health = health.NewServer()
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	s.health.SetServingStatus(registrarv1.Registrar_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", s.readyz)
+	mux.Handle("/metrics", promhttp.HandlerFor(s.reg.metrics.reg, promhttp.HandlerOpts{}))
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := s.http.Serve(s.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("http server stopped", "err", err)
+		}
+	}()
+
+	if err = s.reg.Start(ctx); err != nil {
+		return nil, err
+	}
+
+	s.grpc = grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	)
+	s.reg.RegisterGRPC(s.grpc)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	go func() {
+		if err := s.grpc.Serve(s.grpcLis); err != nil {
+			log.Error("grpc server stopped", "err", err)
+		}
+	}()
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(registrarv1.Registrar_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	log.Info("registrar serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(),
+		"cluster", opts.ClusterName, "region", opts.Region)
+	return s, nil
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if s.reg == nil || !s.reg.Ready() {
+		http.Error(w, "loading snapshot", http.StatusServiceUnavailable)
+		return
+	}
+	// Ready even while etcd is unreachable: serving from the snapshot and
+	// queueing writes is exactly what the registrar is for then.
+	fmt.Fprintf(w, "ok pending_writes=%d\n", s.reg.PendingWrites())
+}
+
+// GRPCAddr is the bound gRPC address (useful with port 0).
+func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
+
+// HTTPAddr is the bound HTTP address.
+func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
+
+// Registrar is the running registrar.
+func (s *Server) Registrar() *Registrar { return s.reg }
+
+// EtcdClient is the registrar's etcd client.
+func (s *Server) EtcdClient() *clientv3.Client { return s.cli }
+
+// EtcdEndpoints are the client URLs of the etcd in use.
+func (s *Server) EtcdEndpoints() []string { return s.cli.Endpoints() }
+
+// Close stops serving, persists what is queued (bounded by ctx) and stops
+// etcd if embedded.
+func (s *Server) Close(ctx context.Context) error {
+	s.health.Shutdown()
+	s.reg.EndStreams()
+	done := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		s.grpc.Stop() // streams do not end by themselves
+	}
+	err := s.reg.Close(ctx)
+	s.teardown()
+	return err
+}
+
+func (s *Server) teardown() {
+	if s.grpc != nil {
+		s.grpc.Stop()
+	}
+	if s.http != nil {
+		_ = s.http.Close()
+	}
+	for _, l := range []net.Listener{s.grpcLis, s.httpLis} {
+		if l != nil {
+			_ = l.Close()
+		}
+	}
+	if s.cli != nil {
+		_ = s.cli.Close()
+	}
+	if s.etcd != nil {
+		s.etcd.Close()
+	}
+}

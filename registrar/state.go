@@ -1,0 +1,280 @@
+package registrar
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/registry"
+)
+
+// Errors the state machine returns; the gRPC layer maps them to codes.
+var (
+	errNotFound  = errors.New("endpoint is not registered")
+	errQueueFull = errors.New("write queue is full")
+)
+
+// state is the registrar's functional core: the endpoint snapshot, the event
+// sequence and its history, and the bookkeeping that reconciles local writes
+// with what the backend reports. It does no I/O and takes no locks; the
+// Registrar serializes calls to it and performs the I/O its results call for.
+//
+// Invariants:
+//   - Every change to the snapshot produces exactly one event, with the next
+//     sequence number, appended to history. A change that alters nothing
+//     (same attributes) produces no event.
+//   - A local write wins until it is persisted: while an endpoint has a write
+//     pending or in flight, or the backend has not yet reported the revision
+//     our write landed at, nothing the backend reports about that endpoint
+//     may change the snapshot. A slow or failing backend therefore never
+//     reverts a registration (or resurrects an unregistration).
+//   - backendRev only grows; a report older than what the snapshot already
+//     reflects is ignored.
+type state struct {
+	epoch   string
+	seq     uint64
+	hist    *history
+	byCount map[string]int // endpoints per cluster, for the gauge
+
+	// endpoints by service, then identity. Stored values are immutable:
+	// an update replaces the pointer, so snapshots handed to streams need
+	// no copying.
+	endpoints map[string]map[registry.EndpointID]*registryv1.ServiceEndpoint
+
+	queue     writeQueue
+	flushed   map[registry.EndpointID]int64 // revision our last write of a key landed at
+	backendRv int64                         // the backend revision the snapshot reflects
+}
+
+func newState(epoch string, historySize, queueLimit int) *state {
+	return &state{
+		epoch:     epoch,
+		hist:      newHistory(historySize),
+		byCount:   map[string]int{},
+		endpoints: map[string]map[registry.EndpointID]*registryv1.ServiceEndpoint{},
+		queue:     newWriteQueue(queueLimit),
+		flushed:   map[registry.EndpointID]int64{},
+	}
+}
+
+func (s *state) version() version { return version{epoch: s.epoch, seq: s.seq} }
+
+func (s *state) get(id registry.EndpointID) *registryv1.ServiceEndpoint {
+	return s.endpoints[id.Service][id]
+}
+
+func (s *state) len() int {
+	n := 0
+	for _, m := range s.endpoints {
+		n += len(m)
+	}
+	return n
+}
+
+// set stores or removes (ep == nil) an endpoint and records the event.
+func (s *state) set(id registry.EndpointID, ep *registryv1.ServiceEndpoint) *registrarv1.EndpointEvent {
+	prev := s.get(id)
+	var typ registrarv1.EndpointEvent_EventType
+	switch {
+	case prev == nil && ep == nil:
+		return nil
+	case prev == nil:
+		typ = registrarv1.EndpointEvent_ENDPOINT_ADDED
+		m := s.endpoints[id.Service]
+		if m == nil {
+			m = map[registry.EndpointID]*registryv1.ServiceEndpoint{}
+			s.endpoints[id.Service] = m
+		}
+		m[id] = ep
+		s.byCount[id.Cluster]++
+	case ep == nil:
+		typ = registrarv1.EndpointEvent_ENDPOINT_REMOVED
+		ep = prev
+		m := s.endpoints[id.Service]
+		delete(m, id)
+		if len(m) == 0 {
+			delete(s.endpoints, id.Service)
+		}
+		if s.byCount[id.Cluster]--; s.byCount[id.Cluster] == 0 {
+			delete(s.byCount, id.Cluster)
+		}
+	default:
+		if registry.SameAttributes(prev, ep) {
+			return nil
+		}
+		typ = registrarv1.EndpointEvent_ENDPOINT_UPDATED
+		s.endpoints[id.Service][id] = ep
+	}
+	s.seq++
+	ev := &registrarv1.EndpointEvent{
+		Type:     typ,
+		Endpoint: ep,
+		Sequence: s.seq,
+		Version:  s.version().String(),
+	}
+	s.hist.append(ev)
+	return ev
+}
+
+// register applies a validated, normalized endpoint from a client. It returns
+// the stored endpoint and the event (nil when nothing changed).
+func (s *state) register(ep *registryv1.ServiceEndpoint, now time.Time) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
+	id := registry.IDOf(ep)
+	prev := s.get(id)
+	if prev != nil && registry.SameAttributes(prev, ep) {
+		return prev, nil, nil
+	}
+	if !s.queue.admits(id) {
+		return nil, nil, errQueueFull
+	}
+	ts := timestamppb.New(now)
+	ep.UpdatedAt = ts
+	ep.CreatedAt = ts
+	if prev != nil {
+		ep.CreatedAt = prev.CreatedAt
+	}
+	s.queue.put(id, ep, prev == nil)
+	return ep, s.set(id, ep), nil
+}
+
+// unregister removes an endpoint a client named.
+func (s *state) unregister(id registry.EndpointID) (*registrarv1.EndpointEvent, error) {
+	if s.get(id) == nil {
+		return nil, fmt.Errorf("%w: %s", errNotFound, id)
+	}
+	if !s.queue.admits(id) {
+		return nil, errQueueFull
+	}
+	s.queue.del(id)
+	return s.set(id, nil), nil
+}
+
+// guarded reports whether the backend's word on id must be ignored because
+// a local write to it is unpersisted, or persisted at a revision later than
+// rev.
+func (s *state) guarded(id registry.EndpointID, rev int64) bool {
+	return s.queue.holds(id) || s.flushed[id] > rev
+}
+
+// applyWatch folds one batch of backend changes into the snapshot.
+func (s *state) applyWatch(b etcdstore.WatchBatch) []*registrarv1.EndpointEvent {
+	var evs []*registrarv1.EndpointEvent
+	for _, e := range b.Events {
+		if e.Revision <= s.backendRv || s.guarded(e.ID, e.Revision) {
+			continue
+		}
+		if ev := s.set(e.ID, e.Endpoint); ev != nil {
+			evs = append(evs, ev)
+		}
+	}
+	s.advance(b.Revision)
+	return evs
+}
+
+// applyListing reconciles the snapshot with a full listing of the backend
+// taken at listing.Revision, producing events for the differences.
+func (s *state) applyListing(l etcdstore.Listing) []*registrarv1.EndpointEvent {
+	if l.Revision < s.backendRv {
+		return nil // older than what we already reflect
+	}
+	var evs []*registrarv1.EndpointEvent
+	seen := make(map[registry.EndpointID]struct{}, len(l.Endpoints))
+	for _, ep := range l.Endpoints {
+		id := registry.IDOf(ep)
+		seen[id] = struct{}{}
+		if s.guarded(id, l.Revision) {
+			continue
+		}
+		if ev := s.set(id, ep); ev != nil {
+			evs = append(evs, ev)
+		}
+	}
+	var gone []registry.EndpointID
+	for _, m := range s.endpoints {
+		for id := range m {
+			if _, ok := seen[id]; !ok && !s.guarded(id, l.Revision) {
+				gone = append(gone, id)
+			}
+		}
+	}
+	for _, id := range gone {
+		if ev := s.set(id, nil); ev != nil {
+			evs = append(evs, ev)
+		}
+	}
+	s.advance(l.Revision)
+	return evs
+}
+
+// advance records that the snapshot reflects the backend up to rev and
+// forgets flush revisions the backend has caught up with.
+func (s *state) advance(rev int64) {
+	if rev <= s.backendRv {
+		return
+	}
+	s.backendRv = rev
+	for id, r := range s.flushed {
+		if r <= rev {
+			delete(s.flushed, id)
+		}
+	}
+}
+
+// takeBatch hands up to max pending writes to the flusher.
+func (s *state) takeBatch(max int) []etcdstore.Mutation { return s.queue.take(max) }
+
+// batchDone records that a batch landed at revision rev.
+func (s *state) batchDone(b []etcdstore.Mutation, rev int64) {
+	for _, m := range b {
+		if rev > s.backendRv {
+			s.flushed[m.ID] = rev
+		}
+	}
+	s.queue.done(b)
+}
+
+// batchFailed returns a batch to the queue; writes made since take priority.
+func (s *state) batchFailed(b []etcdstore.Mutation) { s.queue.failed(b) }
+
+// snapshot returns the endpoints that match f, and the sequence they are
+// current as of.
+func (s *state) snapshot(f filter) ([]*registryv1.ServiceEndpoint, uint64) {
+	var out []*registryv1.ServiceEndpoint
+	add := func(m map[registry.EndpointID]*registryv1.ServiceEndpoint) {
+		for _, ep := range m {
+			out = append(out, ep)
+		}
+	}
+	if f.all() {
+		out = make([]*registryv1.ServiceEndpoint, 0, s.len())
+		for _, m := range s.endpoints {
+			add(m)
+		}
+	} else {
+		for svc := range f {
+			add(s.endpoints[svc])
+		}
+	}
+	return out, s.seq
+}
+
+// since returns the retained events after seq that match f; ok is false when
+// seq is outside the retention window.
+func (s *state) since(seq uint64, f filter) ([]*registrarv1.EndpointEvent, bool) {
+	all, ok := s.hist.since(seq, s.seq)
+	if !ok || f.all() {
+		return all, ok
+	}
+	out := all[:0:0]
+	for _, ev := range all {
+		if f.matches(ev.GetEndpoint().GetService()) {
+			out = append(out, ev)
+		}
+	}
+	return out, true
+}

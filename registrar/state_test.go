@@ -1,0 +1,324 @@
+package registrar
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/registry"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func mkEP(t testing.TB, svc, ip string, mut ...func(*registryv1.ServiceEndpoint)) *registryv1.ServiceEndpoint {
+	t.Helper()
+	ep := &registryv1.ServiceEndpoint{
+		Service: svc, Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: ip,
+		Ports: []*registryv1.Port{{Port: 80}}, Region: "r", Cluster: "c",
+	}
+	for _, m := range mut {
+		m(ep)
+	}
+	n, err := registry.NormalizeEndpoint(ep, registry.DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func draining(ep *registryv1.ServiceEndpoint) { ep.State = registryv1.State_STATE_DRAINING }
+
+func types(evs []*registrarv1.EndpointEvent) []string {
+	var out []string
+	for _, ev := range evs {
+		out = append(out, ev.Type.String()+" "+ev.GetEndpoint().GetIp())
+	}
+	return out
+}
+
+func eq(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestRegisterUpdateUnregister(t *testing.T) {
+	s := newState("e", 100, 100)
+	_, ev, err := s.register(mkEP(t, "web", "10.0.0.1"), t0)
+	if err != nil || ev.Type != registrarv1.EndpointEvent_ENDPOINT_ADDED || ev.Sequence != 1 || ev.Version != "e:1" {
+		t.Fatalf("register: %v %v", ev, err)
+	}
+	if _, ev, _ := s.register(mkEP(t, "web", "10.0.0.1"), t0.Add(time.Second)); ev != nil {
+		t.Fatalf("identical re-register produced %v", ev)
+	}
+	stored, ev, _ := s.register(mkEP(t, "web", "10.0.0.1", draining), t0.Add(2*time.Second))
+	if ev.Type != registrarv1.EndpointEvent_ENDPOINT_UPDATED || ev.Sequence != 2 {
+		t.Fatalf("update: %v", ev)
+	}
+	if !stored.CreatedAt.AsTime().Equal(t0) || !stored.UpdatedAt.AsTime().Equal(t0.Add(2*time.Second)) {
+		t.Fatalf("timestamps: created %v updated %v", stored.CreatedAt.AsTime(), stored.UpdatedAt.AsTime())
+	}
+	id := registry.IDOf(stored)
+	ev, err = s.unregister(id)
+	if err != nil || ev.Type != registrarv1.EndpointEvent_ENDPOINT_REMOVED || ev.Endpoint.State != registryv1.State_STATE_DRAINING {
+		t.Fatalf("unregister: %v %v", ev, err)
+	}
+	if _, err := s.unregister(id); !errors.Is(err, errNotFound) {
+		t.Fatalf("second unregister: %v", err)
+	}
+	if s.seq != 3 || s.len() != 0 || len(s.byCount) != 0 {
+		t.Fatalf("seq %d len %d counts %v", s.seq, s.len(), s.byCount)
+	}
+}
+
+func TestWriteQueueCoalesces(t *testing.T) {
+	s := newState("e", 100, 100)
+	a := mkEP(t, "web", "10.0.0.1")
+	s.register(a, t0)
+	s.register(mkEP(t, "web", "10.0.0.1", draining), t0)
+	s.register(mkEP(t, "web", "10.0.0.2"), t0)
+	s.unregister(registry.IDOf(mkEP(t, "web", "10.0.0.2")))
+	b := s.takeBatch(100)
+	if len(b) != 1 || b[0].Endpoint.State != registryv1.State_STATE_DRAINING {
+		t.Fatalf("batch = %+v; want only the latest write of 10.0.0.1 (10.0.0.2 nets out)", b)
+	}
+	s.batchDone(b, 5)
+	// An endpoint the backend has seen does not net out: its delete must be written.
+	s.unregister(registry.IDOf(a))
+	b = s.takeBatch(100)
+	if len(b) != 1 || b[0].Endpoint != nil {
+		t.Fatalf("batch = %+v; want one delete", b)
+	}
+}
+
+func TestWriteQueueLimit(t *testing.T) {
+	s := newState("e", 100, 2)
+	s.register(mkEP(t, "web", "10.0.0.1"), t0)
+	s.register(mkEP(t, "web", "10.0.0.2"), t0)
+	if _, _, err := s.register(mkEP(t, "web", "10.0.0.3"), t0); !errors.Is(err, errQueueFull) {
+		t.Fatalf("third key: %v, want errQueueFull", err)
+	}
+	if s.len() != 2 || s.seq != 2 {
+		t.Fatalf("a refused write changed state: len %d seq %d", s.len(), s.seq)
+	}
+	// A key already queued still takes updates.
+	if _, _, err := s.register(mkEP(t, "web", "10.0.0.1", draining), t0); err != nil {
+		t.Fatalf("update of queued key: %v", err)
+	}
+	// In flight still counts against the limit until confirmed.
+	b := s.takeBatch(100)
+	if _, _, err := s.register(mkEP(t, "web", "10.0.0.3"), t0); !errors.Is(err, errQueueFull) {
+		t.Fatalf("with writes in flight: %v, want errQueueFull", err)
+	}
+	s.batchDone(b, 3)
+	if _, _, err := s.register(mkEP(t, "web", "10.0.0.3"), t0); err != nil {
+		t.Fatalf("after flush: %v", err)
+	}
+}
+
+func TestFailedFlushKeepsWrites(t *testing.T) {
+	s := newState("e", 100, 100)
+	s.register(mkEP(t, "web", "10.0.0.1"), t0)
+	s.register(mkEP(t, "web", "10.0.0.2"), t0)
+	b := s.takeBatch(100)
+	// A newer write to one key arrives while the batch is in flight.
+	s.register(mkEP(t, "web", "10.0.0.1", draining), t0)
+	s.batchFailed(b)
+	b = s.takeBatch(100)
+	if len(b) != 2 {
+		t.Fatalf("after failure, batch = %d writes, want 2", len(b))
+	}
+	for _, m := range b {
+		if m.ID.IP == "10.0.0.1" && m.Endpoint.State != registryv1.State_STATE_DRAINING {
+			t.Fatal("the failed older write replaced the newer one")
+		}
+	}
+}
+
+func listing(rev int64, eps ...*registryv1.ServiceEndpoint) etcdstore.Listing {
+	return etcdstore.Listing{Endpoints: eps, Revision: rev}
+}
+
+func put(rev int64, ep *registryv1.ServiceEndpoint) etcdstore.Event {
+	return etcdstore.Event{ID: registry.IDOf(ep), Endpoint: ep, Revision: rev}
+}
+
+func del(rev int64, ep *registryv1.ServiceEndpoint) etcdstore.Event {
+	return etcdstore.Event{ID: registry.IDOf(ep), Revision: rev}
+}
+
+func TestBackendReconcile(t *testing.T) {
+	a, b, c := mkEP(t, "web", "10.0.0.1"), mkEP(t, "web", "10.0.0.2"), mkEP(t, "db", "10.0.0.3")
+	s := newState("e", 100, 100)
+	if got := types(s.applyListing(listing(10, a, b))); !eq(got, []string{"ENDPOINT_ADDED 10.0.0.1", "ENDPOINT_ADDED 10.0.0.2"}) && !eq(got, []string{"ENDPOINT_ADDED 10.0.0.2", "ENDPOINT_ADDED 10.0.0.1"}) {
+		t.Fatalf("initial listing: %v", got)
+	}
+	// Watch: an add, an update, a delete, and a stale event that must be ignored.
+	got := types(s.applyWatch(etcdstore.WatchBatch{Revision: 13, Events: []etcdstore.Event{
+		put(9, mkEP(t, "web", "10.0.0.9")), // older than the listing
+		put(11, c),
+		put(12, mkEP(t, "web", "10.0.0.1", draining)),
+		del(13, b),
+	}}))
+	if !eq(got, []string{"ENDPOINT_ADDED 10.0.0.3", "ENDPOINT_UPDATED 10.0.0.1", "ENDPOINT_REMOVED 10.0.0.2"}) {
+		t.Fatalf("watch: %v", got)
+	}
+	// A listing older than the snapshot is ignored entirely.
+	if evs := s.applyListing(listing(12)); evs != nil {
+		t.Fatalf("stale listing produced %v", types(evs))
+	}
+	// A newer listing that lacks c removes it.
+	if got := types(s.applyListing(listing(20, mkEP(t, "web", "10.0.0.1", draining)))); !eq(got, []string{"ENDPOINT_REMOVED 10.0.0.3"}) {
+		t.Fatalf("relist: %v", got)
+	}
+}
+
+// The rev-68 regression of the design records: a sync that reads the backend
+// before a local write is flushed must not revert that write.
+func TestLocalWritesWinUntilPersisted(t *testing.T) {
+	s := newState("e", 100, 100)
+	s.applyListing(listing(10))
+	a := mkEP(t, "web", "10.0.0.1")
+	s.register(a, t0)
+	// Pending: the backend does not have it yet.
+	if evs := s.applyListing(listing(11)); len(evs) != 0 {
+		t.Fatalf("listing reverted a pending register: %v", types(evs))
+	}
+	b := s.takeBatch(10)
+	// In flight: same.
+	if evs := s.applyListing(listing(12)); len(evs) != 0 {
+		t.Fatalf("listing reverted an in-flight register: %v", types(evs))
+	}
+	s.batchDone(b, 15)
+	// Persisted at 15, but a listing taken at 14 (started before the flush)
+	// does not have it yet: still no revert.
+	if evs := s.applyListing(listing(14)); len(evs) != 0 {
+		t.Fatalf("stale listing reverted a persisted register: %v", types(evs))
+	}
+	// An older watch delete of the key is not applied either.
+	if evs := s.applyWatch(etcdstore.WatchBatch{Revision: 14, Events: []etcdstore.Event{del(14, a)}}); len(evs) != 0 {
+		t.Fatalf("stale delete applied: %v", types(evs))
+	}
+	if s.get(registry.IDOf(a)) == nil {
+		t.Fatal("endpoint lost")
+	}
+	// Once the backend has caught up, its word counts again: another replica
+	// deleted it at 16.
+	if got := types(s.applyWatch(etcdstore.WatchBatch{Revision: 16, Events: []etcdstore.Event{put(15, a), del(16, a)}})); !eq(got, []string{"ENDPOINT_REMOVED 10.0.0.1"}) {
+		t.Fatalf("after catch-up: %v", got)
+	}
+	if len(s.flushed) != 0 {
+		t.Fatalf("flush revisions not pruned: %v", s.flushed)
+	}
+	// Unregister wins the same way: a listing that still has it does not
+	// bring it back while the delete is pending.
+	s.register(a, t0)
+	s.batchDone(s.takeBatch(10), 17)
+	s.applyListing(listing(17, a))
+	s.unregister(registry.IDOf(a))
+	if evs := s.applyListing(listing(18, a)); len(evs) != 0 {
+		t.Fatalf("listing resurrected a pending unregister: %v", types(evs))
+	}
+}
+
+func TestHistorySince(t *testing.T) {
+	s := newState("e", 3, 100)
+	for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"} {
+		svc := "web"
+		if ip == "10.0.0.4" {
+			svc = "db"
+		}
+		s.register(mkEP(t, svc, ip), t0)
+	}
+	// Window holds sequences 3..5.
+	evs, ok := s.since(2, nil)
+	if !ok || len(evs) != 3 || evs[0].Sequence != 3 {
+		t.Fatalf("since(2) = %v, %v", types(evs), ok)
+	}
+	if _, ok := s.since(1, nil); ok {
+		t.Fatal("since(1) must be outside the window")
+	}
+	if evs, ok := s.since(5, nil); !ok || len(evs) != 0 {
+		t.Fatalf("since(current) = %v, %v", evs, ok)
+	}
+	if _, ok := s.since(6, nil); ok {
+		t.Fatal("a future sequence must not resume")
+	}
+	f, _ := newFilter([]string{"web"})
+	evs, ok = s.since(2, f)
+	if !ok || !eq(types(evs), []string{"ENDPOINT_ADDED 10.0.0.3", "ENDPOINT_ADDED 10.0.0.5"}) {
+		t.Fatalf("filtered since(2) = %v", types(evs))
+	}
+	snap, seq := s.snapshot(f)
+	if len(snap) != 4 || seq != 5 {
+		t.Fatalf("filtered snapshot = %d endpoints at %d", len(snap), seq)
+	}
+}
+
+func TestHubFilterEvictProgress(t *testing.T) {
+	h := newHub()
+	fweb, _ := newFilter([]string{"web"})
+	all, web, slow := newWatcher(nil, 10), newWatcher(fweb, 10), newWatcher(nil, 1)
+	h.add(all)
+	h.add(web)
+	h.add(slow)
+	ev := func(svc string, seq uint64) *registrarv1.EndpointEvent {
+		return &registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_ENDPOINT_ADDED, Sequence: seq, Endpoint: &registryv1.ServiceEndpoint{Service: svc}}
+	}
+	h.publish([]*registrarv1.EndpointEvent{ev("db", 1), ev("web", 2)})
+	if got := <-web.ch; len(got) != 1 || got[0].Sequence != 2 {
+		t.Fatalf("filtered watcher got %v", got)
+	}
+	if got := <-all.ch; len(got) != 2 {
+		t.Fatalf("unfiltered watcher got %d events in its batch, want 2", len(got))
+	}
+	// slow has a buffer of one message and never reads: the next batch evicts it.
+	h.publish([]*registrarv1.EndpointEvent{ev("db", 3)})
+	select {
+	case <-slow.evicted:
+	default:
+		t.Fatal("slow watcher not evicted")
+	}
+	if h.len() != 2 {
+		t.Fatalf("hub has %d watchers after eviction, want 2", h.len())
+	}
+	<-all.ch
+	// Progress: the first tick after activity only resets; the next one
+	// bookmarks idle watchers.
+	bm := &registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Sequence: 3}
+	h.progress(bm)
+	if len(web.ch) != 0 || len(all.ch) != 0 {
+		t.Fatal("active watchers were bookmarked")
+	}
+	h.progress(bm)
+	if got := <-web.ch; got[0] != bm {
+		t.Fatal("idle filtered watcher got no bookmark")
+	}
+	if got := <-all.ch; got[0] != bm {
+		t.Fatal("idle watcher got no bookmark")
+	}
+}
+
+func TestParseVersion(t *testing.T) {
+	v, err := parseVersion("abc:42")
+	if err != nil || v.epoch != "abc" || v.seq != 42 {
+		t.Fatalf("%v %v", v, err)
+	}
+	for _, bad := range []string{"42", "abc:", ":4", "abc:-1", "abc:x"} {
+		if _, err := parseVersion(bad); err == nil {
+			t.Errorf("parseVersion(%q) accepted", bad)
+		}
+	}
+	if v, err := parseVersion(""); err != nil || v != (version{}) {
+		t.Fatalf("empty: %v %v", v, err)
+	}
+}

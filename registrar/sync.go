@@ -1,0 +1,132 @@
+package registrar
+
+import (
+	"context"
+	"time"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	"github.com/aethermesh/aether/etcdstore"
+)
+
+// maxWatchCoalesce bounds how many queued watch batches are folded into one
+// snapshot update.
+const maxWatchCoalesce = 256
+
+// runSync keeps the snapshot in step with the backend. Watch batches are
+// applied as they arrive: whatever queued up while the previous one was
+// applied is folded into one update and one broadcast, so a burst coalesces
+// without a fixed delay on every change (a delay would put a floor under
+// cross-replica latency). A full re-list runs every SyncInterval as a
+// backstop, and when the watch cannot resume (compaction); re-lists are
+// spaced at least SyncDebounce apart.
+func (r *Registrar) runSync(ctx context.Context, rev int64) {
+	watch, wcancel := r.watchFrom(ctx, rev)
+	poll := time.NewTicker(r.opts.SyncInterval)
+	defer func() { poll.Stop(); wcancel() }()
+	var lastList time.Time
+	relist := func() (int64, bool) {
+		if wait := r.opts.SyncDebounce - time.Since(lastList); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return 0, false
+			case <-time.After(wait):
+			}
+		}
+		lastList = time.Now()
+		l, err := r.list(ctx)
+		if err != nil {
+			if !isClosed(ctx, err) {
+				r.log.Warn("backend listing failed; serving the current snapshot", "err", err)
+			}
+			return 0, false
+		}
+		r.apply(func(st *state) []*registrarv1.EndpointEvent { return st.applyListing(l) })
+		return l.Revision, true
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case b, ok := <-watch:
+			if ctx.Err() != nil {
+				return
+			}
+			if !ok || b.Compacted {
+				// The watch cannot resume where it was: re-list until
+				// that works, then watch from the listing.
+				r.log.Info("backend watch lost its position; re-listing", "compacted", b.Compacted)
+				wcancel()
+				var rev int64
+				for {
+					var ok bool
+					if rev, ok = relist(); ok || ctx.Err() != nil {
+						break
+					}
+				}
+				if ctx.Err() != nil {
+					return
+				}
+				watch, wcancel = r.watchFrom(ctx, rev)
+				continue
+			}
+			batches := []etcdstore.WatchBatch{b}
+		drain:
+			for len(batches) < maxWatchCoalesce {
+				select {
+				case nb, ok := <-watch:
+					if !ok || nb.Compacted {
+						// Leave the loss of position to the next turn.
+						break drain
+					}
+					batches = append(batches, nb)
+				default:
+					break drain
+				}
+			}
+			r.apply(func(st *state) []*registrarv1.EndpointEvent {
+				var evs []*registrarv1.EndpointEvent
+				for _, b := range batches {
+					evs = append(evs, st.applyWatch(b)...)
+				}
+				return evs
+			})
+		case <-poll.C:
+			relist()
+		}
+	}
+}
+
+// watchFrom starts a backend watch that the returned func cancels.
+func (r *Registrar) watchFrom(ctx context.Context, rev int64) (<-chan etcdstore.WatchBatch, context.CancelFunc) {
+	wctx, cancel := context.WithCancel(ctx)
+	return r.backend.Watch(wctx, rev), cancel
+}
+
+// apply runs a state transition and broadcasts its events, atomically.
+func (r *Registrar) apply(fn func(*state) []*registrarv1.EndpointEvent) {
+	r.mu.Lock()
+	evs := fn(r.st)
+	r.hub.publish(evs)
+	r.mu.Unlock()
+}
+
+// runProgress sends bookmarks to idle streams.
+func (r *Registrar) runProgress(ctx context.Context) {
+	t := time.NewTicker(r.opts.ProgressInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.mu.Lock()
+			v := r.st.version()
+			r.hub.progress(&registrarv1.EndpointEvent{
+				Type:     registrarv1.EndpointEvent_PROGRESS,
+				Version:  v.String(),
+				Sequence: v.seq,
+			})
+			r.mu.Unlock()
+		}
+	}
+}

@@ -1,0 +1,80 @@
+package registrar
+
+import (
+	"context"
+	"time"
+)
+
+// maxFlushOps bounds one Apply call. A normal flush is far smaller (one
+// transaction of at most --write-batch-size writes); this only splits the
+// backlog that builds up while the backend is down.
+const maxFlushOps = 1024
+
+// flushTimeout bounds one flush. etcd commits a healthy batch in
+// milliseconds; a flush still waiting after this is stuck on an unreachable
+// cluster and is better retried (the writes stay queued meanwhile).
+const flushTimeout = 5 * time.Second
+
+// runFlusher persists queued writes every WriteBatchInterval, or as soon as
+// WriteBatchSize are pending. A failed flush is retried with backoff; the
+// writes stay queued (and keep winning over the backend's view) until one
+// succeeds.
+func (r *Registrar) runFlusher(ctx context.Context) {
+	t := time.NewTicker(r.opts.WriteBatchInterval)
+	defer t.Stop()
+	backoff := 50 * time.Millisecond
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.kick:
+		}
+		for {
+			err := r.flush(ctx)
+			if err == nil {
+				backoff = 50 * time.Millisecond
+				break
+			}
+			if isClosed(ctx, err) {
+				return
+			}
+			r.metrics.flushErrors.Inc()
+			r.log.Warn("write-behind flush failed; writes stay queued", "err", err, "pending", r.PendingWrites(), "retry_in", backoff)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, 5*time.Second)
+		}
+	}
+}
+
+// flush writes batches until the queue is empty or a write fails.
+func (r *Registrar) flush(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		b := r.st.takeBatch(maxFlushOps)
+		r.mu.Unlock()
+		if len(b) == 0 {
+			return nil
+		}
+		start := time.Now()
+		actx, cancel := context.WithTimeout(ctx, flushTimeout)
+		rev, err := r.backend.Apply(actx, b)
+		cancel()
+		r.mu.Lock()
+		if err != nil {
+			r.st.batchFailed(b)
+		} else {
+			r.st.batchDone(b, rev)
+		}
+		r.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		r.metrics.batchSize.Observe(float64(len(b)))
+		r.metrics.flushDuration.Observe(time.Since(start).Seconds())
+	}
+}
