@@ -8,20 +8,24 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registrar"
 )
 
 // PropagationConfig sizes the propagation scenario.
 type PropagationConfig struct {
 	Changes  int           // registrations to time
 	Interval time.Duration // pause between registrations (an open-loop churn rate)
+	// BatchInterval is the registrars' --write-batch-interval (0: default).
+	BatchInterval time.Duration
 }
 
 // PropagationResult holds register-to-watcher latencies.
 type PropagationResult struct {
-	Changes      int       `json:"changes"`
-	RatePerSec   float64   `json:"rate_per_sec"`
-	SameReplica  Latencies `json:"same_replica"`
-	CrossReplica Latencies `json:"cross_replica"`
+	Changes       int       `json:"changes"`
+	BatchInterval string    `json:"write_batch_interval"`
+	RatePerSec    float64   `json:"rate_per_sec"`
+	SameReplica   Latencies `json:"same_replica"`
+	CrossReplica  Latencies `json:"cross_replica"`
 }
 
 // Propagation registers endpoints through replica A, one at a time, and
@@ -29,7 +33,7 @@ type PropagationResult struct {
 // a watcher on B (a second registrar on the same etcd, which learns of the
 // write only through etcd) receive the event.
 func Propagation(ctx context.Context, cfg PropagationConfig) (PropagationResult, error) {
-	e, err := newEnv(ctx, 2, nil)
+	e, err := newEnv(ctx, 2, func(o *registrar.Options) { o.WriteBatchInterval = cfg.BatchInterval })
 	if err != nil {
 		return PropagationResult{}, err
 	}
@@ -118,9 +122,10 @@ func Propagation(ctx context.Context, cfg PropagationConfig) (PropagationResult,
 	cancel()
 	wg.Wait()
 	return PropagationResult{
-		Changes:      cfg.Changes,
-		RatePerSec:   float64(cfg.Changes) / elapsed.Seconds(),
-		SameReplica:  summarize(same),
-		CrossReplica: summarize(cross),
+		Changes:       cfg.Changes,
+		BatchInterval: e.registrars[0].Options().WriteBatchInterval.String(),
+		RatePerSec:    float64(cfg.Changes) / elapsed.Seconds(),
+		SameReplica:   summarize(same),
+		CrossReplica:  summarize(cross),
 	}, nil
 }

@@ -57,8 +57,9 @@ type Config struct {
 	Name       string // member name, default "aether"
 	ClientAddr string // host:port for clients, e.g. "127.0.0.1:2379"; port 0 = pick a free port
 	PeerAddr   string // host:port for peers, e.g. "127.0.0.1:2380"; port 0 = pick a free port
-	// Logger receives this package's own messages; etcd's zap logger is kept
-	// at level "error" so that it does not drown the registrar's logs.
+	// Logger receives this package's messages and etcd's own errors
+	// (component=etcd). etcd's info and warn chatter is dropped so that it
+	// does not drown the registrar's logs.
 	Logger *slog.Logger
 	// AutoCompactionRetention is the periodic auto-compaction window,
 	// default 1h, so an embedded etcd does not grow forever.
@@ -167,10 +168,9 @@ func start(ctx context.Context, cfg Config, client, peer *addr) (*Server, error)
 	ec.GRPCAdditionalServerOptions = []grpc.ServerOption{grpc.ChainStreamInterceptor(streams.intercept)}
 
 	began := time.Now()
-	// StartEtcd bootstraps synchronously (WAL replay, bbolt open, which
-	// waits on a file lock if another process holds the dir), so it runs
-	// aside and ctx is honoured while it does; a start abandoned by ctx is
-	// closed as soon as StartEtcd returns.
+	// StartEtcd bootstraps synchronously (WAL replay, bbolt open) and
+	// cannot be interrupted, so it runs aside and ctx is honoured while it
+	// does; a start abandoned by ctx is closed as soon as StartEtcd returns.
 	type result struct {
 		e   *embed.Etcd
 		err error

@@ -174,12 +174,18 @@ func TestPeerAddrInUse(t *testing.T) {
 	defer ln.Close()
 	busy := ln.Addr().String()
 
-	_, err = Start(context.Background(), Config{Dir: t.TempDir(), ClientAddr: "127.0.0.1:0", PeerAddr: busy})
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	_, err = Start(context.Background(), Config{Dir: t.TempDir(), ClientAddr: "127.0.0.1:0", PeerAddr: busy, Logger: log})
 	if err == nil {
 		t.Fatal("Start succeeded on a peer port in use")
 	}
-	if !strings.Contains(err.Error(), "peer address "+busy+" is in use") {
+	if !strings.Contains(err.Error(), "peer address "+busy+" is in use; pass --embedded-etcd-peer-addr") {
 		t.Fatalf("err = %q, want it to name peer address %s", err, busy)
+	}
+	// etcd's own error arrives through our logger, not as JSON on stderr.
+	if out := logs.String(); !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "component=etcd") || !strings.Contains(out, "address already in use") {
+		t.Fatalf("etcd's error did not reach the slog logger:\n%s", out)
 	}
 }
 

@@ -35,9 +35,11 @@ type WatchBatch struct {
 	Events []Event
 	// Revision is a revision the consumer is known current up to: every
 	// change up to and including it has been delivered. For a batch with
-	// events it is the last change's revision (see watchRevision for why not
-	// the response header's); for a progress notification it is the header
-	// revision. It never decreases. Watch(ctx, Revision) resumes gaplessly.
+	// events it is the last event's revision, not etcd's response header
+	// revision, which can run ahead of events still to come while a watch
+	// catches up on history; for a progress notification it is the header
+	// revision. It never decreases, and Watch(ctx, Revision) resumes
+	// gaplessly.
 	Revision int64
 	// Compacted means the watch could not resume because its revision was
 	// compacted away; Revision is the last revision delivered. The channel

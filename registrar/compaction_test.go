@@ -14,7 +14,9 @@ import (
 	"github.com/aethermesh/aether/registry"
 )
 
-func stripScheme(u string) string { return strings.TrimPrefix(strings.TrimPrefix(u, "http://"), "https://") }
+func stripScheme(u string) string {
+	return strings.TrimPrefix(strings.TrimPrefix(u, "http://"), "https://")
+}
 
 func TestCompactionDuringBrokenWatchResyncs(t *testing.T) {
 	etcd := etcdtest.Start(t)

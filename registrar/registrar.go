@@ -271,8 +271,10 @@ func (r *Registrar) unsubscribe(w *watcher) {
 	r.mu.Unlock()
 }
 
+// maybeKick wakes the flusher when the queue stops being empty or reaches a
+// batch; in between it would only re-arm the same timer.
 func (r *Registrar) maybeKick(pending int) {
-	if pending >= r.opts.WriteBatchSize {
+	if pending == 1 || pending >= r.opts.WriteBatchSize {
 		select {
 		case r.kick <- struct{}{}:
 		default:

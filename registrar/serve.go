@@ -211,3 +211,6 @@ func (s *Server) teardown() {
 		s.etcd.Close()
 	}
 }
+
+// Options are the options the server runs with, defaults filled in.
+func (s *Server) Options() Options { return s.opts }

@@ -15,21 +15,43 @@ const maxFlushOps = 1024
 // cluster and is better retried (the writes stay queued meanwhile).
 const flushTimeout = 5 * time.Second
 
-// runFlusher persists queued writes every WriteBatchInterval, or as soon as
-// WriteBatchSize are pending. A failed flush is retried with backoff; the
-// writes stay queued (and keep winning over the backend's view) until one
-// succeeds.
+// runFlusher persists queued writes. Flushes are spaced at least
+// WriteBatchInterval apart, so etcd sees at most one transaction per interval
+// however many writes arrive, except that a flush starts at once when
+// WriteBatchSize writes are pending. The spacing is leading-edge: a write
+// that arrives when no flush happened within the last interval is flushed
+// immediately, so a quiet cluster pays no batching delay and another
+// replica sees the write in milliseconds. A failed flush is retried with
+// backoff; its writes stay queued (and keep winning over the backend's view)
+// until one succeeds.
 func (r *Registrar) runFlusher(ctx context.Context) {
-	t := time.NewTicker(r.opts.WriteBatchInterval)
-	defer t.Stop()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var timerC <-chan time.Time
+	var lastFlush time.Time
 	backoff := 50 * time.Millisecond
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
 		case <-r.kick:
+		case <-timerC:
+			timerC = nil
 		}
+		r.mu.Lock()
+		pending := len(r.st.queue.pending)
+		r.mu.Unlock()
+		if pending == 0 {
+			continue
+		}
+		if wait := r.opts.WriteBatchInterval - time.Since(lastFlush); wait > 0 && pending < r.opts.WriteBatchSize {
+			if timerC == nil {
+				timer.Reset(wait)
+				timerC = timer.C
+			}
+			continue
+		}
+		lastFlush = time.Now()
 		for {
 			err := r.flush(ctx)
 			if err == nil {

@@ -69,6 +69,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newListCmd(),
 		newWatchCmd(),
 		newVersionCmd(),
+		newBenchCmd(),
 	)
 	documentEnv(root)
 	return root
