@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/etcdstore"
@@ -150,8 +152,13 @@ func (r *Registrar) PendingWrites() int {
 // queued for persistence.
 func (r *Registrar) Register(ep *registryv1.ServiceEndpoint) (*registryv1.ServiceEndpoint, string, error) {
 	if ep != nil {
-		if err := r.claimOrigin(&ep.Region, &ep.Cluster, "endpoint."); err != nil {
+		region, cluster := ep.GetRegion(), ep.GetCluster()
+		if err := r.claimOrigin(&region, &cluster, "endpoint."); err != nil {
 			return nil, "", err
+		}
+		if region != ep.GetRegion() || cluster != ep.GetCluster() {
+			ep = proto.Clone(ep).(*registryv1.ServiceEndpoint) // the caller's message is not ours to fill in
+			ep.Region, ep.Cluster = region, cluster
 		}
 	}
 	norm, err := registry.NormalizeEndpoint(ep, registry.DefaultLimits)
