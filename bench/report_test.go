@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aethermesh/aether/registry"
 )
 
 func TestSummarize(t *testing.T) {
@@ -47,7 +49,7 @@ func TestBenchIPsAreDistinctAndValid(t *testing.T) {
 	seen := map[string]bool{}
 	for i := 0; i < 70000; i++ {
 		ip := benchIP(i)
-		if seen[ip] || strings.HasSuffix(ip, ".0") && strings.Count(ip, ".") != 3 {
+		if c, err := registry.CanonicalIP(ip); err != nil || c != ip || seen[ip] {
 			t.Fatalf("benchIP(%d) = %s repeats or is invalid", i, ip)
 		}
 		seen[ip] = true
