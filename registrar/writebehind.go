@@ -25,39 +25,35 @@ const flushTimeout = 5 * time.Second
 // backoff; its writes stay queued (and keep winning over the backend's view)
 // until one succeeds.
 func (r *Registrar) runFlusher(ctx context.Context) {
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	var timerC <-chan time.Time
 	var lastFlush time.Time
 	backoff := 50 * time.Millisecond
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-r.kick:
-		case <-timerC:
-			timerC = nil
-		}
 		r.mu.Lock()
 		pending := len(r.st.queue.pending)
 		r.mu.Unlock()
-		if pending == 0 {
-			continue
-		}
-		if wait := r.opts.WriteBatchInterval - time.Since(lastFlush); wait > 0 && pending < r.opts.WriteBatchSize {
-			if timerC == nil {
-				timer.Reset(wait)
-				timerC = timer.C
+		wait := r.opts.WriteBatchInterval - time.Since(lastFlush)
+		if pending == 0 || (wait > 0 && pending < r.opts.WriteBatchSize) {
+			var t *time.Timer
+			var timeout <-chan time.Time
+			if pending > 0 {
+				t = time.NewTimer(wait)
+				timeout = t.C
+			}
+			select {
+			case <-ctx.Done():
+			case <-r.kick:
+			case <-timeout:
+			}
+			if t != nil {
+				t.Stop()
+			}
+			if ctx.Err() != nil {
+				return
 			}
 			continue
 		}
 		lastFlush = time.Now()
-		for {
-			err := r.flush(ctx)
-			if err == nil {
-				backoff = 50 * time.Millisecond
-				break
-			}
+		if _, err := r.flushOnce(ctx); err != nil {
 			if isClosed(ctx, err) {
 				return
 			}
@@ -69,34 +65,48 @@ func (r *Registrar) runFlusher(ctx context.Context) {
 			case <-time.After(backoff):
 			}
 			backoff = min(backoff*2, 5*time.Second)
+			lastFlush = time.Time{} // retry as soon as the backoff is over
+			continue
+		}
+		backoff = 50 * time.Millisecond
+	}
+}
+
+// flush writes batches until the queue is empty or a write fails; for
+// shutdown, which has no reason to space its flushes.
+func (r *Registrar) flush(ctx context.Context) error {
+	for {
+		n, err := r.flushOnce(ctx)
+		if err != nil || n == 0 {
+			return err
 		}
 	}
 }
 
-// flush writes batches until the queue is empty or a write fails.
-func (r *Registrar) flush(ctx context.Context) error {
-	for {
-		r.mu.Lock()
-		b := r.st.takeBatch(maxFlushOps)
-		r.mu.Unlock()
-		if len(b) == 0 {
-			return nil
-		}
-		start := time.Now()
-		actx, cancel := context.WithTimeout(ctx, flushTimeout)
-		rev, err := r.backend.Apply(actx, b)
-		cancel()
-		r.mu.Lock()
-		if err != nil {
-			r.st.batchFailed(b)
-		} else {
-			r.st.batchDone(b, rev)
-		}
-		r.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		r.metrics.batchSize.Observe(float64(len(b)))
-		r.metrics.flushDuration.Observe(time.Since(start).Seconds())
+// flushOnce writes one batch of pending writes (at most maxFlushOps) and
+// says how many it wrote.
+func (r *Registrar) flushOnce(ctx context.Context) (int, error) {
+	r.mu.Lock()
+	b := r.st.takeBatch(maxFlushOps)
+	r.mu.Unlock()
+	if len(b) == 0 {
+		return 0, nil
 	}
+	start := time.Now()
+	actx, cancel := context.WithTimeout(ctx, flushTimeout)
+	rev, err := r.backend.Apply(actx, b)
+	cancel()
+	r.mu.Lock()
+	if err != nil {
+		r.st.batchFailed(b)
+	} else {
+		r.st.batchDone(b, rev)
+	}
+	r.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	r.metrics.batchSize.Observe(float64(len(b)))
+	r.metrics.flushDuration.Observe(time.Since(start).Seconds())
+	return len(b), nil
 }
