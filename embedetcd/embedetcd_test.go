@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -163,6 +164,10 @@ func TestClientAddrInUse(t *testing.T) {
 	want := "embedded etcd: client address " + busy + " is in use; pass --embedded-etcd-addr with a free port"
 	if err.Error() != want {
 		t.Fatalf("err = %q\nwant  %q", err, want)
+	}
+	// Callers that retry on another port (etcdtest) test for the cause.
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("err does not wrap EADDRINUSE: %#v", err)
 	}
 }
 

@@ -261,7 +261,7 @@ func TestListWithConcurrentWriters(t *testing.T) {
 	// still be one snapshot, which shows as every endpoint carrying the
 	// same generation (each write rewrites all 50 in one txn).
 	wctx, stop := context.WithCancel(ctx)
-	done := make(chan struct{})
+	done, running := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
 		for gen := 1; wctx.Err() == nil; gen++ {
@@ -273,8 +273,16 @@ func TestListWithConcurrentWriters(t *testing.T) {
 				t.Errorf("writer: %v", err)
 				return
 			}
+			if gen == 1 {
+				close(running)
+			}
 		}
 	}()
+	select {
+	case <-running:
+	case <-done:
+		t.Fatal("writer stopped before its first write")
+	}
 	revs := map[int64]bool{}
 	for range 20 {
 		l, err := s.List(ctx)

@@ -61,18 +61,107 @@ func (s *service) ListAllEndpoints(ctx context.Context, req *registrarv1.ListAll
 }
 
 func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream grpc.ServerStreamingServer[registrarv1.EndpointEvent]) error {
+	sub, err := s.start(req)
+	if err != nil {
+		return err
+	}
+	defer s.r.unsubscribe(sub.w)
+	return s.serve(stream, sub, req)
+}
+
+func (s *service) DrainEndpoint(ctx context.Context, req *registrarv1.DrainEndpointRequest) (*registrarv1.DrainEndpointResponse, error) {
+	ep, v, err := s.r.Drain(registry.EndpointID{
+		Region:   req.GetRegion(),
+		Cluster:  req.GetCluster(),
+		Service:  req.GetService(),
+		Protocol: req.GetProtocol(),
+		IP:       req.GetIp(),
+	})
+	if err != nil {
+		return nil, s.status("drain", err)
+	}
+	return &registrarv1.DrainEndpointResponse{Endpoint: ep, Version: v}, nil
+}
+
+func (s *service) Subscribe(stream grpc.BidiStreamingServer[registrarv1.SubscribeRequest, registrarv1.EndpointEvent]) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	req := first.GetStart()
+	if req == nil {
+		return status.Error(codes.InvalidArgument, "the first Subscribe message must set start (a WatchEndpointsRequest)")
+	}
+	sub, err := s.start(req)
+	if err != nil {
+		return err
+	}
+	defer s.r.unsubscribe(sub.w)
+	// Updates are read on their own goroutine; the stream's events keep
+	// flowing meanwhile. A bad update ends the stream with its status.
+	failed := make(chan error, 1)
+	go func() {
+		for {
+			msg, err := stream.Recv()
+			if err != nil {
+				return // the client closed its side or the stream ended
+			}
+			if err := s.update(sub, msg); err != nil {
+				failed <- err
+				return
+			}
+		}
+	}()
+	return s.serveUntil(stream, sub, req, failed)
+}
+
+func (s *service) update(sub *subscription, msg *registrarv1.SubscribeRequest) error {
+	u := msg.GetUpdate()
+	if u == nil {
+		return status.Error(codes.InvalidArgument, "after the first message, Subscribe messages must set update")
+	}
+	if sub.w.f.all() {
+		return status.Error(codes.InvalidArgument, "this stream watches all services; to choose services, start it with a service list")
+	}
+	add, err := newFilter(u.GetAdd())
+	if err != nil {
+		return status.Error(codes.InvalidArgument, "update.add: "+err.Error())
+	}
+	remove, err := newFilter(u.GetRemove())
+	if err != nil {
+		return status.Error(codes.InvalidArgument, "update.remove: "+err.Error())
+	}
+	s.r.updateFilter(sub.w, add, remove)
+	return nil
+}
+
+// start validates a watch request and subscribes.
+func (s *service) start(req *registrarv1.WatchEndpointsRequest) (*subscription, error) {
 	f, err := newFilter(req.GetServices())
 	if err != nil {
-		return status.Error(codes.InvalidArgument, "services: "+err.Error())
+		return nil, status.Error(codes.InvalidArgument, "services: "+err.Error())
 	}
 	from, err := parseVersion(req.GetLastVersion())
 	if err != nil {
-		return status.Error(codes.InvalidArgument, err.Error())
+		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	sub := s.r.subscribe(f, from)
-	defer s.r.unsubscribe(sub.w)
-	log := s.r.log.With("node", req.GetNodeName(), "watcher_cluster", req.GetClusterName())
+	return s.r.subscribe(f, from), nil
+}
 
+type sender interface {
+	Send(*registrarv1.EndpointEvent) error
+	Context() context.Context
+}
+
+func (s *service) serve(stream sender, sub *subscription, req *registrarv1.WatchEndpointsRequest) error {
+	return s.serveUntil(stream, sub, req, nil)
+}
+
+// serveUntil sends the stream's start (snapshot, or missed events and a
+// bookmark) and then its events, until the client goes, the registrar shuts
+// down, the stream is evicted, or stop delivers an error.
+func (s *service) serveUntil(stream sender, sub *subscription, req *registrarv1.WatchEndpointsRequest, stop <-chan error) error {
+	log := s.r.log.With("node", req.GetNodeName(), "watcher_cluster", req.GetClusterName())
 	last := sub.at.String()
 	if sub.resumed {
 		for _, ev := range sub.missed {
@@ -84,10 +173,12 @@ func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream 
 		if err := stream.Send(&registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Version: last, Sequence: sub.at.seq}); err != nil {
 			return err
 		}
-	} else if err := sendSnapshot(stream, sub.snapshot, sub.at); err != nil {
-		return err
+	} else {
+		if err := sendSnapshot(stream, registrarv1.EndpointEvent_FULL_SNAPSHOT, nil, sub.snapshot, sub.at); err != nil {
+			return err
+		}
+		s.r.metrics.delivered(registrarv1.EndpointEvent_FULL_SNAPSHOT, 1)
 	}
-	s.r.metrics.delivered(registrarv1.EndpointEvent_FULL_SNAPSHOT, btoi(!sub.resumed))
 	log.Debug("watch started", "resumed", sub.resumed, "missed", len(sub.missed), "snapshot", len(sub.snapshot), "version", last)
 
 	ctx := stream.Context()
@@ -95,6 +186,8 @@ func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream 
 		select {
 		case <-ctx.Done():
 			return nil
+		case err := <-stop:
+			return err
 		case <-s.r.closing:
 			return status.Errorf(codes.Unavailable, "registrar is shutting down; reconnect and resume with last_version=%q", last)
 		case <-sub.w.evicted:
@@ -107,7 +200,12 @@ func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream 
 				s.r.opts.WatchBuffer, last)
 		case batch := <-sub.w.ch:
 			for _, ev := range batch {
-				if err := stream.Send(ev); err != nil {
+				if ev.Type == registrarv1.EndpointEvent_SERVICES_SNAPSHOT {
+					// Stored whole in the hub; chunked on the wire.
+					if err := sendSnapshot(stream, ev.Type, ev.Services, ev.Endpoints, version{epoch: sub.at.epoch, seq: ev.Sequence}); err != nil {
+						return err
+					}
+				} else if err := stream.Send(ev); err != nil {
 					return err
 				}
 				last = ev.Version
@@ -116,16 +214,17 @@ func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream 
 	}
 }
 
-func sendSnapshot(stream grpc.ServerStreamingServer[registrarv1.EndpointEvent], eps []*registryv1.ServiceEndpoint, at version) error {
+func sendSnapshot(stream sender, typ registrarv1.EndpointEvent_EventType, services []string, eps []*registryv1.ServiceEndpoint, at version) error {
 	v := at.String()
 	for i := 0; ; i += snapshotChunk {
 		end := min(i+snapshotChunk, len(eps))
 		if err := stream.Send(&registrarv1.EndpointEvent{
-			Type:              registrarv1.EndpointEvent_FULL_SNAPSHOT,
+			Type:              typ,
 			Version:           v,
 			Sequence:          at.seq,
 			Endpoints:         eps[i:end],
 			SnapshotContinues: end < len(eps),
+			Services:          services,
 		}); err != nil {
 			return err
 		}
@@ -133,13 +232,6 @@ func sendSnapshot(stream grpc.ServerStreamingServer[registrarv1.EndpointEvent], 
 			return nil
 		}
 	}
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // status maps a registrar error to a precise gRPC status.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -182,22 +183,39 @@ func (r *Registrar) Register(ep *registryv1.ServiceEndpoint) (*registryv1.Servic
 
 // Unregister removes an endpoint of this registrar's origin.
 func (r *Registrar) Unregister(id registry.EndpointID) (string, error) {
+	_, v, err := r.change(id, func(st *state, id registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
+		ev, err := st.unregister(id)
+		return nil, ev, err
+	})
+	return v, err
+}
+
+// Drain marks an endpoint of this registrar's origin DRAINING.
+func (r *Registrar) Drain(id registry.EndpointID) (*registryv1.ServiceEndpoint, string, error) {
+	return r.change(id, func(st *state, id registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
+		return st.drain(id, r.now())
+	})
+}
+
+// change validates an endpoint identity from a request and applies fn to it
+// under the lock, broadcasting the event it yields.
+func (r *Registrar) change(id registry.EndpointID, fn func(*state, registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error)) (*registryv1.ServiceEndpoint, string, error) {
 	if err := r.claimOrigin(&id.Region, &id.Cluster, ""); err != nil {
-		return "", err
+		return nil, "", err
+	}
+	if err := registry.ValidateName("service", id.Service); err != nil {
+		return nil, "", &registry.FieldError{Field: "service", Reason: err.Error()}
+	}
+	if _, err := registry.ProtocolSegment(id.Protocol); err != nil {
+		return nil, "", &registry.FieldError{Field: "protocol", Reason: err.Error()}
 	}
 	ip, err := registry.CanonicalIP(id.IP)
 	if err != nil {
-		return "", &registry.FieldError{Field: "ip", Reason: err.Error()}
+		return nil, "", &registry.FieldError{Field: "ip", Reason: err.Error()}
 	}
 	id.IP = ip
-	if err := registry.ValidateName("service", id.Service); err != nil {
-		return "", &registry.FieldError{Field: "service", Reason: err.Error()}
-	}
-	if _, err := registry.ProtocolSegment(id.Protocol); err != nil {
-		return "", &registry.FieldError{Field: "protocol", Reason: err.Error()}
-	}
 	r.mu.Lock()
-	ev, err := r.st.unregister(id)
+	ep, ev, err := fn(r.st, id)
 	v := r.st.version().String()
 	if ev != nil {
 		r.hub.publish([]*registrarv1.EndpointEvent{ev})
@@ -205,10 +223,10 @@ func (r *Registrar) Unregister(id registry.EndpointID) (string, error) {
 	pending := len(r.st.queue.pending)
 	r.mu.Unlock()
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	r.maybeKick(pending)
-	return v, nil
+	return ep, v, nil
 }
 
 // claimOrigin defaults an empty region/cluster to this registrar's, and
@@ -270,6 +288,46 @@ func (r *Registrar) subscribe(f filter, from version) *subscription {
 	}
 	r.hub.add(w)
 	return sub
+}
+
+// updateFilter changes a live stream's services. Added services get a
+// SERVICES_SNAPSHOT queued in order with the stream's events, so the client
+// holds them as of that version and applies later events on top.
+func (r *Registrar) updateFilter(w *watcher, add, remove filter) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w.gone {
+		return
+	}
+	r.hub.remove(w)
+	w.gone = false
+	var added []string
+	for svc := range remove {
+		delete(w.f, svc)
+	}
+	for svc := range add {
+		if _, ok := w.f[svc]; !ok {
+			w.f[svc] = struct{}{}
+			added = append(added, svc)
+		}
+	}
+	r.hub.add(w)
+	if len(added) == 0 {
+		return
+	}
+	sort.Strings(added)
+	only := make(filter, len(added))
+	for _, svc := range added {
+		only[svc] = struct{}{}
+	}
+	eps, seq := r.st.snapshot(only)
+	r.hub.send(w, []*registrarv1.EndpointEvent{{
+		Type:      registrarv1.EndpointEvent_SERVICES_SNAPSHOT,
+		Version:   version{epoch: r.st.epoch, seq: seq}.String(),
+		Sequence:  seq,
+		Services:  added,
+		Endpoints: eps,
+	}})
 }
 
 func (r *Registrar) unsubscribe(w *watcher) {

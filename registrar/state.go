@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
@@ -140,6 +141,21 @@ func (s *state) register(ep *registryv1.ServiceEndpoint, now time.Time) (*regist
 	}
 	s.queue.put(id, ep, prev == nil)
 	return ep, s.set(id, ep), nil
+}
+
+// drain marks an endpoint DRAINING, keeping every other attribute. Draining
+// a draining endpoint changes nothing.
+func (s *state) drain(id registry.EndpointID, now time.Time) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
+	prev := s.get(id)
+	if prev == nil {
+		return nil, nil, fmt.Errorf("%w: %s", errNotFound, id)
+	}
+	if prev.State == registryv1.State_STATE_DRAINING {
+		return prev, nil, nil
+	}
+	ep := proto.Clone(prev).(*registryv1.ServiceEndpoint)
+	ep.State = registryv1.State_STATE_DRAINING
+	return s.register(ep, now)
 }
 
 // unregister removes an endpoint a client named.

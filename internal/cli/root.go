@@ -70,6 +70,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newWatchCmd(),
 		newVersionCmd(),
 		newBenchCmd(),
+		newClusterCmd(),
 	)
 	documentEnv(root)
 	return root

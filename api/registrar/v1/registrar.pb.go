@@ -38,6 +38,10 @@ const (
 	// Bookmark: every event up to version has been delivered. Carries no
 	// endpoint; its version is a valid resume token.
 	EndpointEvent_PROGRESS EndpointEvent_EventType = 4
+	// Subscribe only: the complete set of endpoints of the services named
+	// in `services`, replacing what the client held for exactly those.
+	// Chunked like FULL_SNAPSHOT.
+	EndpointEvent_SERVICES_SNAPSHOT EndpointEvent_EventType = 5
 )
 
 // Enum value maps for EndpointEvent_EventType.
@@ -48,13 +52,15 @@ var (
 		2: "ENDPOINT_REMOVED",
 		3: "ENDPOINT_UPDATED",
 		4: "PROGRESS",
+		5: "SERVICES_SNAPSHOT",
 	}
 	EndpointEvent_EventType_value = map[string]int32{
-		"FULL_SNAPSHOT":    0,
-		"ENDPOINT_ADDED":   1,
-		"ENDPOINT_REMOVED": 2,
-		"ENDPOINT_UPDATED": 3,
-		"PROGRESS":         4,
+		"FULL_SNAPSHOT":     0,
+		"ENDPOINT_ADDED":    1,
+		"ENDPOINT_REMOVED":  2,
+		"ENDPOINT_UPDATED":  3,
+		"PROGRESS":          4,
+		"SERVICES_SNAPSHOT": 5,
 	}
 )
 
@@ -395,8 +401,10 @@ type EndpointEvent struct {
 	// For FULL_SNAPSHOT.
 	Endpoints         []*v1.ServiceEndpoint `protobuf:"bytes,5,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	SnapshotContinues bool                  `protobuf:"varint,6,opt,name=snapshot_continues,json=snapshotContinues,proto3" json:"snapshot_continues,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// For SERVICES_SNAPSHOT: the services it covers.
+	Services      []string `protobuf:"bytes,7,rep,name=services,proto3" json:"services,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EndpointEvent) Reset() {
@@ -469,6 +477,13 @@ func (x *EndpointEvent) GetSnapshotContinues() bool {
 		return x.SnapshotContinues
 	}
 	return false
+}
+
+func (x *EndpointEvent) GetServices() []string {
+	if x != nil {
+		return x.Services
+	}
+	return nil
 }
 
 type ListAllEndpointsRequest struct {
@@ -569,6 +584,711 @@ func (x *ListAllEndpointsResponse) GetVersion() string {
 	return ""
 }
 
+type DrainEndpointRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Service  string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Protocol v1.Protocol            `protobuf:"varint,2,opt,name=protocol,proto3,enum=aether.registry.v1.Protocol" json:"protocol,omitempty"`
+	Ip       string                 `protobuf:"bytes,3,opt,name=ip,proto3" json:"ip,omitempty"`
+	// Optional; default to the registrar's own.
+	Cluster       string `protobuf:"bytes,4,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Region        string `protobuf:"bytes,5,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainEndpointRequest) Reset() {
+	*x = DrainEndpointRequest{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainEndpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainEndpointRequest) ProtoMessage() {}
+
+func (x *DrainEndpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainEndpointRequest.ProtoReflect.Descriptor instead.
+func (*DrainEndpointRequest) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DrainEndpointRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *DrainEndpointRequest) GetProtocol() v1.Protocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return v1.Protocol(0)
+}
+
+func (x *DrainEndpointRequest) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *DrainEndpointRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *DrainEndpointRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+type DrainEndpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      *v1.ServiceEndpoint    `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Version       string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainEndpointResponse) Reset() {
+	*x = DrainEndpointResponse{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainEndpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainEndpointResponse) ProtoMessage() {}
+
+func (x *DrainEndpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainEndpointResponse.ProtoReflect.Descriptor instead.
+func (*DrainEndpointResponse) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DrainEndpointResponse) GetEndpoint() *v1.ServiceEndpoint {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
+}
+
+func (x *DrainEndpointResponse) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+type SubscribeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Request:
+	//
+	//	*SubscribeRequest_Start
+	//	*SubscribeRequest_Update
+	Request       isSubscribeRequest_Request `protobuf_oneof:"request"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribeRequest) Reset() {
+	*x = SubscribeRequest{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribeRequest) ProtoMessage() {}
+
+func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
+func (*SubscribeRequest) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SubscribeRequest) GetRequest() isSubscribeRequest_Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetStart() *WatchEndpointsRequest {
+	if x != nil {
+		if x, ok := x.Request.(*SubscribeRequest_Start); ok {
+			return x.Start
+		}
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetUpdate() *SubscriptionUpdate {
+	if x != nil {
+		if x, ok := x.Request.(*SubscribeRequest_Update); ok {
+			return x.Update
+		}
+	}
+	return nil
+}
+
+type isSubscribeRequest_Request interface {
+	isSubscribeRequest_Request()
+}
+
+type SubscribeRequest_Start struct {
+	Start *WatchEndpointsRequest `protobuf:"bytes,1,opt,name=start,proto3,oneof"`
+}
+
+type SubscribeRequest_Update struct {
+	Update *SubscriptionUpdate `protobuf:"bytes,2,opt,name=update,proto3,oneof"`
+}
+
+func (*SubscribeRequest_Start) isSubscribeRequest_Request() {}
+
+func (*SubscribeRequest_Update) isSubscribeRequest_Request() {}
+
+type SubscriptionUpdate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Add           []string               `protobuf:"bytes,1,rep,name=add,proto3" json:"add,omitempty"`
+	Remove        []string               `protobuf:"bytes,2,rep,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscriptionUpdate) Reset() {
+	*x = SubscriptionUpdate{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscriptionUpdate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscriptionUpdate) ProtoMessage() {}
+
+func (x *SubscriptionUpdate) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscriptionUpdate.ProtoReflect.Descriptor instead.
+func (*SubscriptionUpdate) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *SubscriptionUpdate) GetAdd() []string {
+	if x != nil {
+		return x.Add
+	}
+	return nil
+}
+
+func (x *SubscriptionUpdate) GetRemove() []string {
+	if x != nil {
+		return x.Remove
+	}
+	return nil
+}
+
+type AnnounceNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// region and cluster may be empty (the registrar's own); lease fields and
+	// announced_at are ignored.
+	Node          *v1.Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AnnounceNodeRequest) Reset() {
+	*x = AnnounceNodeRequest{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AnnounceNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AnnounceNodeRequest) ProtoMessage() {}
+
+func (x *AnnounceNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AnnounceNodeRequest.ProtoReflect.Descriptor instead.
+func (*AnnounceNodeRequest) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *AnnounceNodeRequest) GetNode() *v1.Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+type AnnounceNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *v1.Node               `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// How often to call Heartbeat: a third of the lease TTL.
+	HeartbeatIntervalMs int64 `protobuf:"varint,2,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *AnnounceNodeResponse) Reset() {
+	*x = AnnounceNodeResponse{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AnnounceNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AnnounceNodeResponse) ProtoMessage() {}
+
+func (x *AnnounceNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AnnounceNodeResponse.ProtoReflect.Descriptor instead.
+func (*AnnounceNodeResponse) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *AnnounceNodeResponse) GetNode() *v1.Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *AnnounceNodeResponse) GetHeartbeatIntervalMs() int64 {
+	if x != nil {
+		return x.HeartbeatIntervalMs
+	}
+	return 0
+}
+
+type HeartbeatRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Optional; default to the registrar's own.
+	Cluster       string `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Region        string `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HeartbeatRequest) Reset() {
+	*x = HeartbeatRequest{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatRequest) ProtoMessage() {}
+
+func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
+func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *HeartbeatRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *HeartbeatRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+type HeartbeatResponse struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	LeaseTtlSeconds int64                  `protobuf:"varint,1,opt,name=lease_ttl_seconds,json=leaseTtlSeconds,proto3" json:"lease_ttl_seconds,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *HeartbeatResponse) Reset() {
+	*x = HeartbeatResponse{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HeartbeatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HeartbeatResponse) ProtoMessage() {}
+
+func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
+func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *HeartbeatResponse) GetLeaseTtlSeconds() int64 {
+	if x != nil {
+		return x.LeaseTtlSeconds
+	}
+	return 0
+}
+
+type LeaveNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Cluster       string                 `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Region        string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveNodeRequest) Reset() {
+	*x = LeaveNodeRequest{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveNodeRequest) ProtoMessage() {}
+
+func (x *LeaveNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveNodeRequest.ProtoReflect.Descriptor instead.
+func (*LeaveNodeRequest) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *LeaveNodeRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *LeaveNodeRequest) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *LeaveNodeRequest) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+type LeaveNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveNodeResponse) Reset() {
+	*x = LeaveNodeResponse{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveNodeResponse) ProtoMessage() {}
+
+func (x *LeaveNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveNodeResponse.ProtoReflect.Descriptor instead.
+func (*LeaveNodeResponse) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{17}
+}
+
+type ListNodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesRequest) Reset() {
+	*x = ListNodesRequest{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesRequest) ProtoMessage() {}
+
+func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
+func (*ListNodesRequest) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{18}
+}
+
+type ListNodesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nodes         []*NodeStatus          `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListNodesResponse) Reset() {
+	*x = ListNodesResponse{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListNodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListNodesResponse) ProtoMessage() {}
+
+func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
+func (*ListNodesResponse) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListNodesResponse) GetNodes() []*NodeStatus {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+type NodeStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  *v1.Node               `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// Seconds since the node's lease was last renewed, and until it lapses;
+	// -1 when etcd could not be asked.
+	LastHeartbeatAgeSeconds float64 `protobuf:"fixed64,2,opt,name=last_heartbeat_age_seconds,json=lastHeartbeatAgeSeconds,proto3" json:"last_heartbeat_age_seconds,omitempty"`
+	LeaseRemainingSeconds   float64 `protobuf:"fixed64,3,opt,name=lease_remaining_seconds,json=leaseRemainingSeconds,proto3" json:"lease_remaining_seconds,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
+}
+
+func (x *NodeStatus) Reset() {
+	*x = NodeStatus{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStatus) ProtoMessage() {}
+
+func (x *NodeStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
+func (*NodeStatus) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *NodeStatus) GetNode() *v1.Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetLastHeartbeatAgeSeconds() float64 {
+	if x != nil {
+		return x.LastHeartbeatAgeSeconds
+	}
+	return 0
+}
+
+func (x *NodeStatus) GetLeaseRemainingSeconds() float64 {
+	if x != nil {
+		return x.LeaseRemainingSeconds
+	}
+	return 0
+}
+
 var File_aether_registrar_v1_registrar_proto protoreflect.FileDescriptor
 
 const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
@@ -591,30 +1311,78 @@ const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12!\n" +
 	"\flast_version\x18\x03 \x01(\tR\vlastVersion\x12\x1a\n" +
-	"\bservices\x18\x04 \x03(\tR\bservices\"\xa8\x03\n" +
+	"\bservices\x18\x04 \x03(\tR\bservices\"\xdc\x03\n" +
 	"\rEndpointEvent\x12@\n" +
 	"\x04type\x18\x01 \x01(\x0e2,.aether.registrar.v1.EndpointEvent.EventTypeR\x04type\x12?\n" +
 	"\bendpoint\x18\x02 \x01(\v2#.aether.registry.v1.ServiceEndpointR\bendpoint\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12\x1a\n" +
 	"\bsequence\x18\x04 \x01(\x04R\bsequence\x12A\n" +
 	"\tendpoints\x18\x05 \x03(\v2#.aether.registry.v1.ServiceEndpointR\tendpoints\x12-\n" +
-	"\x12snapshot_continues\x18\x06 \x01(\bR\x11snapshotContinues\"l\n" +
+	"\x12snapshot_continues\x18\x06 \x01(\bR\x11snapshotContinues\x12\x1a\n" +
+	"\bservices\x18\a \x03(\tR\bservices\"\x83\x01\n" +
 	"\tEventType\x12\x11\n" +
 	"\rFULL_SNAPSHOT\x10\x00\x12\x12\n" +
 	"\x0eENDPOINT_ADDED\x10\x01\x12\x14\n" +
 	"\x10ENDPOINT_REMOVED\x10\x02\x12\x14\n" +
 	"\x10ENDPOINT_UPDATED\x10\x03\x12\f\n" +
-	"\bPROGRESS\x10\x04\"5\n" +
+	"\bPROGRESS\x10\x04\x12\x15\n" +
+	"\x11SERVICES_SNAPSHOT\x10\x05\"5\n" +
 	"\x17ListAllEndpointsRequest\x12\x1a\n" +
 	"\bservices\x18\x01 \x03(\tR\bservices\"w\n" +
 	"\x18ListAllEndpointsResponse\x12A\n" +
 	"\tendpoints\x18\x01 \x03(\v2#.aether.registry.v1.ServiceEndpointR\tendpoints\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion2\xc8\x03\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"\xac\x01\n" +
+	"\x14DrainEndpointRequest\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x128\n" +
+	"\bprotocol\x18\x02 \x01(\x0e2\x1c.aether.registry.v1.ProtocolR\bprotocol\x12\x0e\n" +
+	"\x02ip\x18\x03 \x01(\tR\x02ip\x12\x18\n" +
+	"\acluster\x18\x04 \x01(\tR\acluster\x12\x16\n" +
+	"\x06region\x18\x05 \x01(\tR\x06region\"r\n" +
+	"\x15DrainEndpointResponse\x12?\n" +
+	"\bendpoint\x18\x01 \x01(\v2#.aether.registry.v1.ServiceEndpointR\bendpoint\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"\xa4\x01\n" +
+	"\x10SubscribeRequest\x12B\n" +
+	"\x05start\x18\x01 \x01(\v2*.aether.registrar.v1.WatchEndpointsRequestH\x00R\x05start\x12A\n" +
+	"\x06update\x18\x02 \x01(\v2'.aether.registrar.v1.SubscriptionUpdateH\x00R\x06updateB\t\n" +
+	"\arequest\">\n" +
+	"\x12SubscriptionUpdate\x12\x10\n" +
+	"\x03add\x18\x01 \x03(\tR\x03add\x12\x16\n" +
+	"\x06remove\x18\x02 \x03(\tR\x06remove\"C\n" +
+	"\x13AnnounceNodeRequest\x12,\n" +
+	"\x04node\x18\x01 \x01(\v2\x18.aether.registry.v1.NodeR\x04node\"x\n" +
+	"\x14AnnounceNodeResponse\x12,\n" +
+	"\x04node\x18\x01 \x01(\v2\x18.aether.registry.v1.NodeR\x04node\x122\n" +
+	"\x15heartbeat_interval_ms\x18\x02 \x01(\x03R\x13heartbeatIntervalMs\"X\n" +
+	"\x10HeartbeatRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"?\n" +
+	"\x11HeartbeatResponse\x12*\n" +
+	"\x11lease_ttl_seconds\x18\x01 \x01(\x03R\x0fleaseTtlSeconds\"X\n" +
+	"\x10LeaveNodeRequest\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\"\x13\n" +
+	"\x11LeaveNodeResponse\"\x12\n" +
+	"\x10ListNodesRequest\"J\n" +
+	"\x11ListNodesResponse\x125\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x1f.aether.registrar.v1.NodeStatusR\x05nodes\"\xaf\x01\n" +
+	"\n" +
+	"NodeStatus\x12,\n" +
+	"\x04node\x18\x01 \x01(\v2\x18.aether.registry.v1.NodeR\x04node\x12;\n" +
+	"\x1alast_heartbeat_age_seconds\x18\x02 \x01(\x01R\x17lastHeartbeatAgeSeconds\x126\n" +
+	"\x17lease_remaining_seconds\x18\x03 \x01(\x01R\x15leaseRemainingSeconds2\x85\b\n" +
 	"\tRegistrar\x12o\n" +
 	"\x10RegisterEndpoint\x12,.aether.registrar.v1.RegisterEndpointRequest\x1a-.aether.registrar.v1.RegisterEndpointResponse\x12u\n" +
 	"\x12UnregisterEndpoint\x12..aether.registrar.v1.UnregisterEndpointRequest\x1a/.aether.registrar.v1.UnregisterEndpointResponse\x12b\n" +
 	"\x0eWatchEndpoints\x12*.aether.registrar.v1.WatchEndpointsRequest\x1a\".aether.registrar.v1.EndpointEvent0\x01\x12o\n" +
-	"\x10ListAllEndpoints\x12,.aether.registrar.v1.ListAllEndpointsRequest\x1a-.aether.registrar.v1.ListAllEndpointsResponseB;Z9github.com/aethermesh/aether/api/registrar/v1;registrarv1b\x06proto3"
+	"\x10ListAllEndpoints\x12,.aether.registrar.v1.ListAllEndpointsRequest\x1a-.aether.registrar.v1.ListAllEndpointsResponse\x12f\n" +
+	"\rDrainEndpoint\x12).aether.registrar.v1.DrainEndpointRequest\x1a*.aether.registrar.v1.DrainEndpointResponse\x12Z\n" +
+	"\tSubscribe\x12%.aether.registrar.v1.SubscribeRequest\x1a\".aether.registrar.v1.EndpointEvent(\x010\x01\x12c\n" +
+	"\fAnnounceNode\x12(.aether.registrar.v1.AnnounceNodeRequest\x1a).aether.registrar.v1.AnnounceNodeResponse\x12Z\n" +
+	"\tHeartbeat\x12%.aether.registrar.v1.HeartbeatRequest\x1a&.aether.registrar.v1.HeartbeatResponse\x12Z\n" +
+	"\tLeaveNode\x12%.aether.registrar.v1.LeaveNodeRequest\x1a&.aether.registrar.v1.LeaveNodeResponse\x12Z\n" +
+	"\tListNodes\x12%.aether.registrar.v1.ListNodesRequest\x1a&.aether.registrar.v1.ListNodesResponseB;Z9github.com/aethermesh/aether/api/registrar/v1;registrarv1b\x06proto3"
 
 var (
 	file_aether_registrar_v1_registrar_proto_rawDescOnce sync.Once
@@ -629,7 +1397,7 @@ func file_aether_registrar_v1_registrar_proto_rawDescGZIP() []byte {
 }
 
 var file_aether_registrar_v1_registrar_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_aether_registrar_v1_registrar_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_aether_registrar_v1_registrar_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_aether_registrar_v1_registrar_proto_goTypes = []any{
 	(EndpointEvent_EventType)(0),       // 0: aether.registrar.v1.EndpointEvent.EventType
 	(*RegisterEndpointRequest)(nil),    // 1: aether.registrar.v1.RegisterEndpointRequest
@@ -640,30 +1408,64 @@ var file_aether_registrar_v1_registrar_proto_goTypes = []any{
 	(*EndpointEvent)(nil),              // 6: aether.registrar.v1.EndpointEvent
 	(*ListAllEndpointsRequest)(nil),    // 7: aether.registrar.v1.ListAllEndpointsRequest
 	(*ListAllEndpointsResponse)(nil),   // 8: aether.registrar.v1.ListAllEndpointsResponse
-	(*v1.ServiceEndpoint)(nil),         // 9: aether.registry.v1.ServiceEndpoint
-	(v1.Protocol)(0),                   // 10: aether.registry.v1.Protocol
+	(*DrainEndpointRequest)(nil),       // 9: aether.registrar.v1.DrainEndpointRequest
+	(*DrainEndpointResponse)(nil),      // 10: aether.registrar.v1.DrainEndpointResponse
+	(*SubscribeRequest)(nil),           // 11: aether.registrar.v1.SubscribeRequest
+	(*SubscriptionUpdate)(nil),         // 12: aether.registrar.v1.SubscriptionUpdate
+	(*AnnounceNodeRequest)(nil),        // 13: aether.registrar.v1.AnnounceNodeRequest
+	(*AnnounceNodeResponse)(nil),       // 14: aether.registrar.v1.AnnounceNodeResponse
+	(*HeartbeatRequest)(nil),           // 15: aether.registrar.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),          // 16: aether.registrar.v1.HeartbeatResponse
+	(*LeaveNodeRequest)(nil),           // 17: aether.registrar.v1.LeaveNodeRequest
+	(*LeaveNodeResponse)(nil),          // 18: aether.registrar.v1.LeaveNodeResponse
+	(*ListNodesRequest)(nil),           // 19: aether.registrar.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),          // 20: aether.registrar.v1.ListNodesResponse
+	(*NodeStatus)(nil),                 // 21: aether.registrar.v1.NodeStatus
+	(*v1.ServiceEndpoint)(nil),         // 22: aether.registry.v1.ServiceEndpoint
+	(v1.Protocol)(0),                   // 23: aether.registry.v1.Protocol
+	(*v1.Node)(nil),                    // 24: aether.registry.v1.Node
 }
 var file_aether_registrar_v1_registrar_proto_depIdxs = []int32{
-	9,  // 0: aether.registrar.v1.RegisterEndpointRequest.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	9,  // 1: aether.registrar.v1.RegisterEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	10, // 2: aether.registrar.v1.UnregisterEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
+	22, // 0: aether.registrar.v1.RegisterEndpointRequest.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	22, // 1: aether.registrar.v1.RegisterEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	23, // 2: aether.registrar.v1.UnregisterEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
 	0,  // 3: aether.registrar.v1.EndpointEvent.type:type_name -> aether.registrar.v1.EndpointEvent.EventType
-	9,  // 4: aether.registrar.v1.EndpointEvent.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	9,  // 5: aether.registrar.v1.EndpointEvent.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
-	9,  // 6: aether.registrar.v1.ListAllEndpointsResponse.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
-	1,  // 7: aether.registrar.v1.Registrar.RegisterEndpoint:input_type -> aether.registrar.v1.RegisterEndpointRequest
-	3,  // 8: aether.registrar.v1.Registrar.UnregisterEndpoint:input_type -> aether.registrar.v1.UnregisterEndpointRequest
-	5,  // 9: aether.registrar.v1.Registrar.WatchEndpoints:input_type -> aether.registrar.v1.WatchEndpointsRequest
-	7,  // 10: aether.registrar.v1.Registrar.ListAllEndpoints:input_type -> aether.registrar.v1.ListAllEndpointsRequest
-	2,  // 11: aether.registrar.v1.Registrar.RegisterEndpoint:output_type -> aether.registrar.v1.RegisterEndpointResponse
-	4,  // 12: aether.registrar.v1.Registrar.UnregisterEndpoint:output_type -> aether.registrar.v1.UnregisterEndpointResponse
-	6,  // 13: aether.registrar.v1.Registrar.WatchEndpoints:output_type -> aether.registrar.v1.EndpointEvent
-	8,  // 14: aether.registrar.v1.Registrar.ListAllEndpoints:output_type -> aether.registrar.v1.ListAllEndpointsResponse
-	11, // [11:15] is the sub-list for method output_type
-	7,  // [7:11] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	22, // 4: aether.registrar.v1.EndpointEvent.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	22, // 5: aether.registrar.v1.EndpointEvent.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
+	22, // 6: aether.registrar.v1.ListAllEndpointsResponse.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
+	23, // 7: aether.registrar.v1.DrainEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
+	22, // 8: aether.registrar.v1.DrainEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	5,  // 9: aether.registrar.v1.SubscribeRequest.start:type_name -> aether.registrar.v1.WatchEndpointsRequest
+	12, // 10: aether.registrar.v1.SubscribeRequest.update:type_name -> aether.registrar.v1.SubscriptionUpdate
+	24, // 11: aether.registrar.v1.AnnounceNodeRequest.node:type_name -> aether.registry.v1.Node
+	24, // 12: aether.registrar.v1.AnnounceNodeResponse.node:type_name -> aether.registry.v1.Node
+	21, // 13: aether.registrar.v1.ListNodesResponse.nodes:type_name -> aether.registrar.v1.NodeStatus
+	24, // 14: aether.registrar.v1.NodeStatus.node:type_name -> aether.registry.v1.Node
+	1,  // 15: aether.registrar.v1.Registrar.RegisterEndpoint:input_type -> aether.registrar.v1.RegisterEndpointRequest
+	3,  // 16: aether.registrar.v1.Registrar.UnregisterEndpoint:input_type -> aether.registrar.v1.UnregisterEndpointRequest
+	5,  // 17: aether.registrar.v1.Registrar.WatchEndpoints:input_type -> aether.registrar.v1.WatchEndpointsRequest
+	7,  // 18: aether.registrar.v1.Registrar.ListAllEndpoints:input_type -> aether.registrar.v1.ListAllEndpointsRequest
+	9,  // 19: aether.registrar.v1.Registrar.DrainEndpoint:input_type -> aether.registrar.v1.DrainEndpointRequest
+	11, // 20: aether.registrar.v1.Registrar.Subscribe:input_type -> aether.registrar.v1.SubscribeRequest
+	13, // 21: aether.registrar.v1.Registrar.AnnounceNode:input_type -> aether.registrar.v1.AnnounceNodeRequest
+	15, // 22: aether.registrar.v1.Registrar.Heartbeat:input_type -> aether.registrar.v1.HeartbeatRequest
+	17, // 23: aether.registrar.v1.Registrar.LeaveNode:input_type -> aether.registrar.v1.LeaveNodeRequest
+	19, // 24: aether.registrar.v1.Registrar.ListNodes:input_type -> aether.registrar.v1.ListNodesRequest
+	2,  // 25: aether.registrar.v1.Registrar.RegisterEndpoint:output_type -> aether.registrar.v1.RegisterEndpointResponse
+	4,  // 26: aether.registrar.v1.Registrar.UnregisterEndpoint:output_type -> aether.registrar.v1.UnregisterEndpointResponse
+	6,  // 27: aether.registrar.v1.Registrar.WatchEndpoints:output_type -> aether.registrar.v1.EndpointEvent
+	8,  // 28: aether.registrar.v1.Registrar.ListAllEndpoints:output_type -> aether.registrar.v1.ListAllEndpointsResponse
+	10, // 29: aether.registrar.v1.Registrar.DrainEndpoint:output_type -> aether.registrar.v1.DrainEndpointResponse
+	6,  // 30: aether.registrar.v1.Registrar.Subscribe:output_type -> aether.registrar.v1.EndpointEvent
+	14, // 31: aether.registrar.v1.Registrar.AnnounceNode:output_type -> aether.registrar.v1.AnnounceNodeResponse
+	16, // 32: aether.registrar.v1.Registrar.Heartbeat:output_type -> aether.registrar.v1.HeartbeatResponse
+	18, // 33: aether.registrar.v1.Registrar.LeaveNode:output_type -> aether.registrar.v1.LeaveNodeResponse
+	20, // 34: aether.registrar.v1.Registrar.ListNodes:output_type -> aether.registrar.v1.ListNodesResponse
+	25, // [25:35] is the sub-list for method output_type
+	15, // [15:25] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_aether_registrar_v1_registrar_proto_init() }
@@ -671,13 +1473,17 @@ func file_aether_registrar_v1_registrar_proto_init() {
 	if File_aether_registrar_v1_registrar_proto != nil {
 		return
 	}
+	file_aether_registrar_v1_registrar_proto_msgTypes[10].OneofWrappers = []any{
+		(*SubscribeRequest_Start)(nil),
+		(*SubscribeRequest_Update)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aether_registrar_v1_registrar_proto_rawDesc), len(file_aether_registrar_v1_registrar_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

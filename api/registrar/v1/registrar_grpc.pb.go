@@ -26,6 +26,12 @@ const (
 	Registrar_UnregisterEndpoint_FullMethodName = "/aether.registrar.v1.Registrar/UnregisterEndpoint"
 	Registrar_WatchEndpoints_FullMethodName     = "/aether.registrar.v1.Registrar/WatchEndpoints"
 	Registrar_ListAllEndpoints_FullMethodName   = "/aether.registrar.v1.Registrar/ListAllEndpoints"
+	Registrar_DrainEndpoint_FullMethodName      = "/aether.registrar.v1.Registrar/DrainEndpoint"
+	Registrar_Subscribe_FullMethodName          = "/aether.registrar.v1.Registrar/Subscribe"
+	Registrar_AnnounceNode_FullMethodName       = "/aether.registrar.v1.Registrar/AnnounceNode"
+	Registrar_Heartbeat_FullMethodName          = "/aether.registrar.v1.Registrar/Heartbeat"
+	Registrar_LeaveNode_FullMethodName          = "/aether.registrar.v1.Registrar/LeaveNode"
+	Registrar_ListNodes_FullMethodName          = "/aether.registrar.v1.Registrar/ListNodes"
 )
 
 // RegistrarClient is the client API for Registrar service.
@@ -45,6 +51,27 @@ type RegistrarClient interface {
 	WatchEndpoints(ctx context.Context, in *WatchEndpointsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[EndpointEvent], error)
 	// ListAllEndpoints returns the registrar's snapshot, optionally filtered.
 	ListAllEndpoints(ctx context.Context, in *ListAllEndpointsRequest, opts ...grpc.CallOption) (*ListAllEndpointsResponse, error)
+	// DrainEndpoint marks an endpoint DRAINING: it stays listed, so proxies
+	// finish in-flight requests but send no new ones. Phase two is
+	// UnregisterEndpoint.
+	DrainEndpoint(ctx context.Context, in *DrainEndpointRequest, opts ...grpc.CallOption) (*DrainEndpointResponse, error)
+	// Subscribe is WatchEndpoints whose service filter can change while the
+	// stream lives. The first request must set `start`; later ones set
+	// `update`. A service added by an update gets a SERVICES_SNAPSHOT of its
+	// endpoints, in order with the other events; a removed one simply stops
+	// getting events (the client drops what it held of it).
+	Subscribe(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubscribeRequest, EndpointEvent], error)
+	// AnnounceNode creates or refreshes a node record under a lease of the
+	// registrar's --node-ttl. Re-announcing keeps the node's lease if it is
+	// still alive.
+	AnnounceNode(ctx context.Context, in *AnnounceNodeRequest, opts ...grpc.CallOption) (*AnnounceNodeResponse, error)
+	// Heartbeat renews a node's lease. NOT_FOUND means the lease lapsed and
+	// the node must announce again (and re-register its endpoints).
+	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
+	// LeaveNode removes a node record at once (a clean shutdown).
+	LeaveNode(ctx context.Context, in *LeaveNodeRequest, opts ...grpc.CallOption) (*LeaveNodeResponse, error)
+	// ListNodes lists the node records the registrar knows.
+	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 }
 
 type registrarClient struct {
@@ -104,6 +131,69 @@ func (c *registrarClient) ListAllEndpoints(ctx context.Context, in *ListAllEndpo
 	return out, nil
 }
 
+func (c *registrarClient) DrainEndpoint(ctx context.Context, in *DrainEndpointRequest, opts ...grpc.CallOption) (*DrainEndpointResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainEndpointResponse)
+	err := c.cc.Invoke(ctx, Registrar_DrainEndpoint_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registrarClient) Subscribe(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubscribeRequest, EndpointEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Registrar_ServiceDesc.Streams[1], Registrar_Subscribe_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SubscribeRequest, EndpointEvent]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Registrar_SubscribeClient = grpc.BidiStreamingClient[SubscribeRequest, EndpointEvent]
+
+func (c *registrarClient) AnnounceNode(ctx context.Context, in *AnnounceNodeRequest, opts ...grpc.CallOption) (*AnnounceNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AnnounceNodeResponse)
+	err := c.cc.Invoke(ctx, Registrar_AnnounceNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registrarClient) Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HeartbeatResponse)
+	err := c.cc.Invoke(ctx, Registrar_Heartbeat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registrarClient) LeaveNode(ctx context.Context, in *LeaveNodeRequest, opts ...grpc.CallOption) (*LeaveNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaveNodeResponse)
+	err := c.cc.Invoke(ctx, Registrar_LeaveNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registrarClient) ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListNodesResponse)
+	err := c.cc.Invoke(ctx, Registrar_ListNodes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistrarServer is the server API for Registrar service.
 // All implementations must embed UnimplementedRegistrarServer
 // for forward compatibility.
@@ -121,6 +211,27 @@ type RegistrarServer interface {
 	WatchEndpoints(*WatchEndpointsRequest, grpc.ServerStreamingServer[EndpointEvent]) error
 	// ListAllEndpoints returns the registrar's snapshot, optionally filtered.
 	ListAllEndpoints(context.Context, *ListAllEndpointsRequest) (*ListAllEndpointsResponse, error)
+	// DrainEndpoint marks an endpoint DRAINING: it stays listed, so proxies
+	// finish in-flight requests but send no new ones. Phase two is
+	// UnregisterEndpoint.
+	DrainEndpoint(context.Context, *DrainEndpointRequest) (*DrainEndpointResponse, error)
+	// Subscribe is WatchEndpoints whose service filter can change while the
+	// stream lives. The first request must set `start`; later ones set
+	// `update`. A service added by an update gets a SERVICES_SNAPSHOT of its
+	// endpoints, in order with the other events; a removed one simply stops
+	// getting events (the client drops what it held of it).
+	Subscribe(grpc.BidiStreamingServer[SubscribeRequest, EndpointEvent]) error
+	// AnnounceNode creates or refreshes a node record under a lease of the
+	// registrar's --node-ttl. Re-announcing keeps the node's lease if it is
+	// still alive.
+	AnnounceNode(context.Context, *AnnounceNodeRequest) (*AnnounceNodeResponse, error)
+	// Heartbeat renews a node's lease. NOT_FOUND means the lease lapsed and
+	// the node must announce again (and re-register its endpoints).
+	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
+	// LeaveNode removes a node record at once (a clean shutdown).
+	LeaveNode(context.Context, *LeaveNodeRequest) (*LeaveNodeResponse, error)
+	// ListNodes lists the node records the registrar knows.
+	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
 	mustEmbedUnimplementedRegistrarServer()
 }
 
@@ -142,6 +253,24 @@ func (UnimplementedRegistrarServer) WatchEndpoints(*WatchEndpointsRequest, grpc.
 }
 func (UnimplementedRegistrarServer) ListAllEndpoints(context.Context, *ListAllEndpointsRequest) (*ListAllEndpointsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAllEndpoints not implemented")
+}
+func (UnimplementedRegistrarServer) DrainEndpoint(context.Context, *DrainEndpointRequest) (*DrainEndpointResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainEndpoint not implemented")
+}
+func (UnimplementedRegistrarServer) Subscribe(grpc.BidiStreamingServer[SubscribeRequest, EndpointEvent]) error {
+	return status.Error(codes.Unimplemented, "method Subscribe not implemented")
+}
+func (UnimplementedRegistrarServer) AnnounceNode(context.Context, *AnnounceNodeRequest) (*AnnounceNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AnnounceNode not implemented")
+}
+func (UnimplementedRegistrarServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedRegistrarServer) LeaveNode(context.Context, *LeaveNodeRequest) (*LeaveNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method LeaveNode not implemented")
+}
+func (UnimplementedRegistrarServer) ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListNodes not implemented")
 }
 func (UnimplementedRegistrarServer) mustEmbedUnimplementedRegistrarServer() {}
 func (UnimplementedRegistrarServer) testEmbeddedByValue()                   {}
@@ -229,6 +358,103 @@ func _Registrar_ListAllEndpoints_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Registrar_DrainEndpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainEndpointRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistrarServer).DrainEndpoint(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registrar_DrainEndpoint_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistrarServer).DrainEndpoint(ctx, req.(*DrainEndpointRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Registrar_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(RegistrarServer).Subscribe(&grpc.GenericServerStream[SubscribeRequest, EndpointEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Registrar_SubscribeServer = grpc.BidiStreamingServer[SubscribeRequest, EndpointEvent]
+
+func _Registrar_AnnounceNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AnnounceNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistrarServer).AnnounceNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registrar_AnnounceNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistrarServer).AnnounceNode(ctx, req.(*AnnounceNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Registrar_Heartbeat_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HeartbeatRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistrarServer).Heartbeat(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registrar_Heartbeat_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistrarServer).Heartbeat(ctx, req.(*HeartbeatRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Registrar_LeaveNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaveNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistrarServer).LeaveNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registrar_LeaveNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistrarServer).LeaveNode(ctx, req.(*LeaveNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Registrar_ListNodes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNodesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistrarServer).ListNodes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registrar_ListNodes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistrarServer).ListNodes(ctx, req.(*ListNodesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Registrar_ServiceDesc is the grpc.ServiceDesc for Registrar service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -248,12 +474,38 @@ var Registrar_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListAllEndpoints",
 			Handler:    _Registrar_ListAllEndpoints_Handler,
 		},
+		{
+			MethodName: "DrainEndpoint",
+			Handler:    _Registrar_DrainEndpoint_Handler,
+		},
+		{
+			MethodName: "AnnounceNode",
+			Handler:    _Registrar_AnnounceNode_Handler,
+		},
+		{
+			MethodName: "Heartbeat",
+			Handler:    _Registrar_Heartbeat_Handler,
+		},
+		{
+			MethodName: "LeaveNode",
+			Handler:    _Registrar_LeaveNode_Handler,
+		},
+		{
+			MethodName: "ListNodes",
+			Handler:    _Registrar_ListNodes_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "WatchEndpoints",
 			Handler:       _Registrar_WatchEndpoints_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Subscribe",
+			Handler:       _Registrar_Subscribe_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "aether/registrar/v1/registrar.proto",

@@ -138,6 +138,60 @@ func (State) EnumDescriptor() ([]byte, []int) {
 	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{1}
 }
 
+// Health is a node's own summary of how it is doing.
+type Health int32
+
+const (
+	Health_HEALTH_UNSPECIFIED Health = 0
+	Health_HEALTH_HEALTHY     Health = 1
+	// Serving, but something is off (some endpoints draining, a check failing).
+	Health_HEALTH_DEGRADED  Health = 2
+	Health_HEALTH_UNHEALTHY Health = 3
+)
+
+// Enum value maps for Health.
+var (
+	Health_name = map[int32]string{
+		0: "HEALTH_UNSPECIFIED",
+		1: "HEALTH_HEALTHY",
+		2: "HEALTH_DEGRADED",
+		3: "HEALTH_UNHEALTHY",
+	}
+	Health_value = map[string]int32{
+		"HEALTH_UNSPECIFIED": 0,
+		"HEALTH_HEALTHY":     1,
+		"HEALTH_DEGRADED":    2,
+		"HEALTH_UNHEALTHY":   3,
+	}
+)
+
+func (x Health) Enum() *Health {
+	p := new(Health)
+	*p = x
+	return p
+}
+
+func (x Health) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Health) Descriptor() protoreflect.EnumDescriptor {
+	return file_aether_registry_v1_registry_proto_enumTypes[2].Descriptor()
+}
+
+func (Health) Type() protoreflect.EnumType {
+	return &file_aether_registry_v1_registry_proto_enumTypes[2]
+}
+
+func (x Health) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Health.Descriptor instead.
+func (Health) EnumDescriptor() ([]byte, []int) {
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{2}
+}
+
 // Port is one named port of an endpoint ("http", "grpc", "admin", ...).
 type Port struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -340,6 +394,210 @@ func (x *ServiceEndpoint) GetUpdatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// HealthSummary is what a node reports about itself on every announcement.
+type HealthSummary struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Status Health                 `protobuf:"varint,1,opt,name=status,proto3,enum=aether.registry.v1.Health" json:"status,omitempty"`
+	// Human-readable detail, e.g. "2/3 endpoints serving".
+	Message          string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	EndpointsServing uint32 `protobuf:"varint,3,opt,name=endpoints_serving,json=endpointsServing,proto3" json:"endpoints_serving,omitempty"`
+	EndpointsTotal   uint32 `protobuf:"varint,4,opt,name=endpoints_total,json=endpointsTotal,proto3" json:"endpoints_total,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *HealthSummary) Reset() {
+	*x = HealthSummary{}
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthSummary) ProtoMessage() {}
+
+func (x *HealthSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthSummary.ProtoReflect.Descriptor instead.
+func (*HealthSummary) Descriptor() ([]byte, []int) {
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *HealthSummary) GetStatus() Health {
+	if x != nil {
+		return x.Status
+	}
+	return Health_HEALTH_UNSPECIFIED
+}
+
+func (x *HealthSummary) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *HealthSummary) GetEndpointsServing() uint32 {
+	if x != nil {
+		return x.EndpointsServing
+	}
+	return 0
+}
+
+func (x *HealthSummary) GetEndpointsTotal() uint32 {
+	if x != nil {
+		return x.EndpointsTotal
+	}
+	return 0
+}
+
+// Node is a node or appliance that announced itself: what it offers, where
+// it is, and how it is doing. Its record lives at
+// /aether/v1/regions/<region>/clusters/<cluster>/nodes/<name>, attached to an
+// etcd lease that the node's heartbeats keep alive: when the heartbeats stop,
+// etcd deletes the record after the lease TTL, and the node's endpoints
+// follow it.
+type Node struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Cluster string                 `protobuf:"bytes,2,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Region  string                 `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
+	// The site (availability zone) the node runs in.
+	Zone string `protobuf:"bytes,4,opt,name=zone,proto3" json:"zone,omitempty"`
+	// The node's own address, IPv4 or IPv6.
+	Address string `protobuf:"bytes,5,opt,name=address,proto3" json:"address,omitempty"`
+	// Services the node offers (the services of its endpoints).
+	Services []string          `protobuf:"bytes,6,rep,name=services,proto3" json:"services,omitempty"`
+	Health   *HealthSummary    `protobuf:"bytes,7,opt,name=health,proto3" json:"health,omitempty"`
+	Labels   map[string]string `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Set by the registrar.
+	LeaseId         int64                  `protobuf:"varint,9,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseTtlSeconds int64                  `protobuf:"varint,10,opt,name=lease_ttl_seconds,json=leaseTtlSeconds,proto3" json:"lease_ttl_seconds,omitempty"`
+	AnnouncedAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=announced_at,json=announcedAt,proto3" json:"announced_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Node) Reset() {
+	*x = Node{}
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Node) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Node) ProtoMessage() {}
+
+func (x *Node) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Node.ProtoReflect.Descriptor instead.
+func (*Node) Descriptor() ([]byte, []int) {
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Node) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Node) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *Node) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *Node) GetZone() string {
+	if x != nil {
+		return x.Zone
+	}
+	return ""
+}
+
+func (x *Node) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *Node) GetServices() []string {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *Node) GetHealth() *HealthSummary {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
+func (x *Node) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Node) GetLeaseId() int64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *Node) GetLeaseTtlSeconds() int64 {
+	if x != nil {
+		return x.LeaseTtlSeconds
+	}
+	return 0
+}
+
+func (x *Node) GetAnnouncedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AnnouncedAt
+	}
+	return nil
+}
+
 var File_aether_registry_v1_registry_proto protoreflect.FileDescriptor
 
 const file_aether_registry_v1_registry_proto_rawDesc = "" +
@@ -367,6 +625,27 @@ const file_aether_registry_v1_registry_proto_rawDesc = "" +
 	"updated_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb3\x01\n" +
+	"\rHealthSummary\x122\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x1a.aether.registry.v1.HealthR\x06status\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12+\n" +
+	"\x11endpoints_serving\x18\x03 \x01(\rR\x10endpointsServing\x12'\n" +
+	"\x0fendpoints_total\x18\x04 \x01(\rR\x0eendpointsTotal\"\xd0\x03\n" +
+	"\x04Node\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\acluster\x18\x02 \x01(\tR\acluster\x12\x16\n" +
+	"\x06region\x18\x03 \x01(\tR\x06region\x12\x12\n" +
+	"\x04zone\x18\x04 \x01(\tR\x04zone\x12\x18\n" +
+	"\aaddress\x18\x05 \x01(\tR\aaddress\x12\x1a\n" +
+	"\bservices\x18\x06 \x03(\tR\bservices\x129\n" +
+	"\x06health\x18\a \x01(\v2!.aether.registry.v1.HealthSummaryR\x06health\x12<\n" +
+	"\x06labels\x18\b \x03(\v2$.aether.registry.v1.Node.LabelsEntryR\x06labels\x12\x19\n" +
+	"\blease_id\x18\t \x01(\x03R\aleaseId\x12*\n" +
+	"\x11lease_ttl_seconds\x18\n" +
+	" \x01(\x03R\x0fleaseTtlSeconds\x12=\n" +
+	"\fannounced_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vannouncedAt\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*q\n" +
 	"\bProtocol\x12\x18\n" +
 	"\x14PROTOCOL_UNSPECIFIED\x10\x00\x12\x12\n" +
@@ -377,7 +656,12 @@ const file_aether_registry_v1_registry_proto_rawDesc = "" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTATE_SERVING\x10\x01\x12\x12\n" +
-	"\x0eSTATE_DRAINING\x10\x02B9Z7github.com/aethermesh/aether/api/registry/v1;registryv1b\x06proto3"
+	"\x0eSTATE_DRAINING\x10\x02*_\n" +
+	"\x06Health\x12\x16\n" +
+	"\x12HEALTH_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eHEALTH_HEALTHY\x10\x01\x12\x13\n" +
+	"\x0fHEALTH_DEGRADED\x10\x02\x12\x14\n" +
+	"\x10HEALTH_UNHEALTHY\x10\x03B9Z7github.com/aethermesh/aether/api/registry/v1;registryv1b\x06proto3"
 
 var (
 	file_aether_registry_v1_registry_proto_rawDescOnce sync.Once
@@ -391,28 +675,36 @@ func file_aether_registry_v1_registry_proto_rawDescGZIP() []byte {
 	return file_aether_registry_v1_registry_proto_rawDescData
 }
 
-var file_aether_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_aether_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_aether_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_aether_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_aether_registry_v1_registry_proto_goTypes = []any{
 	(Protocol)(0),                 // 0: aether.registry.v1.Protocol
 	(State)(0),                    // 1: aether.registry.v1.State
-	(*Port)(nil),                  // 2: aether.registry.v1.Port
-	(*ServiceEndpoint)(nil),       // 3: aether.registry.v1.ServiceEndpoint
-	nil,                           // 4: aether.registry.v1.ServiceEndpoint.MetadataEntry
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(Health)(0),                   // 2: aether.registry.v1.Health
+	(*Port)(nil),                  // 3: aether.registry.v1.Port
+	(*ServiceEndpoint)(nil),       // 4: aether.registry.v1.ServiceEndpoint
+	(*HealthSummary)(nil),         // 5: aether.registry.v1.HealthSummary
+	(*Node)(nil),                  // 6: aether.registry.v1.Node
+	nil,                           // 7: aether.registry.v1.ServiceEndpoint.MetadataEntry
+	nil,                           // 8: aether.registry.v1.Node.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_aether_registry_v1_registry_proto_depIdxs = []int32{
-	0, // 0: aether.registry.v1.ServiceEndpoint.protocol:type_name -> aether.registry.v1.Protocol
-	2, // 1: aether.registry.v1.ServiceEndpoint.ports:type_name -> aether.registry.v1.Port
-	1, // 2: aether.registry.v1.ServiceEndpoint.state:type_name -> aether.registry.v1.State
-	4, // 3: aether.registry.v1.ServiceEndpoint.metadata:type_name -> aether.registry.v1.ServiceEndpoint.MetadataEntry
-	5, // 4: aether.registry.v1.ServiceEndpoint.created_at:type_name -> google.protobuf.Timestamp
-	5, // 5: aether.registry.v1.ServiceEndpoint.updated_at:type_name -> google.protobuf.Timestamp
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	0,  // 0: aether.registry.v1.ServiceEndpoint.protocol:type_name -> aether.registry.v1.Protocol
+	3,  // 1: aether.registry.v1.ServiceEndpoint.ports:type_name -> aether.registry.v1.Port
+	1,  // 2: aether.registry.v1.ServiceEndpoint.state:type_name -> aether.registry.v1.State
+	7,  // 3: aether.registry.v1.ServiceEndpoint.metadata:type_name -> aether.registry.v1.ServiceEndpoint.MetadataEntry
+	9,  // 4: aether.registry.v1.ServiceEndpoint.created_at:type_name -> google.protobuf.Timestamp
+	9,  // 5: aether.registry.v1.ServiceEndpoint.updated_at:type_name -> google.protobuf.Timestamp
+	2,  // 6: aether.registry.v1.HealthSummary.status:type_name -> aether.registry.v1.Health
+	5,  // 7: aether.registry.v1.Node.health:type_name -> aether.registry.v1.HealthSummary
+	8,  // 8: aether.registry.v1.Node.labels:type_name -> aether.registry.v1.Node.LabelsEntry
+	9,  // 9: aether.registry.v1.Node.announced_at:type_name -> google.protobuf.Timestamp
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_aether_registry_v1_registry_proto_init() }
@@ -425,8 +717,8 @@ func file_aether_registry_v1_registry_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aether_registry_v1_registry_proto_rawDesc), len(file_aether_registry_v1_registry_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   3,
+			NumEnums:      3,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -17,10 +17,12 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -36,6 +38,10 @@ import (
 // hundred milliseconds.
 const startTimeout = 20 * time.Second
 
+// startAttempts bounds retries of a start that lost its ports to another
+// socket.
+const startAttempts = 3
+
 // Cluster is one embedded etcd member owned by a test.
 type Cluster struct {
 	cfg       embedetcd.Config
@@ -49,19 +55,28 @@ type Cluster struct {
 // when the test ends.
 func Start(t testing.TB) *Cluster {
 	t.Helper()
-	// Ports are chosen here, not by embedetcd's port 0, because Restart
-	// must come back on the very same ones.
-	client, peer := freePort(t), freePort(t)
 	c := &Cluster{
 		cfg: embedetcd.Config{
-			Dir:        t.TempDir(),
-			Name:       "etcdtest",
-			ClientAddr: client,
-			PeerAddr:   peer,
-			Logger:     slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Dir:    t.TempDir(),
+			Name:   "etcdtest",
+			Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		},
 	}
-	c.start(t)
+	for attempt := 1; ; attempt++ {
+		// Ports are chosen here, not by embedetcd's port 0, because
+		// Restart must come back on the very same ones. A port picked
+		// here can still be taken before etcd binds it (every client
+		// connection of every test process draws from the same ephemeral
+		// range), so a lost race picks again.
+		c.cfg.ClientAddr, c.cfg.PeerAddr = freePort(t), freePort(t)
+		err := c.start()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == startAttempts {
+			t.Fatalf("etcdtest: %v", err)
+		}
+	}
 	c.endpoints = c.srv.Endpoints()
 	t.Cleanup(c.Stop)
 	return c
@@ -96,20 +111,31 @@ func (c *Cluster) Stop() {
 func (c *Cluster) Restart(t testing.TB) {
 	t.Helper()
 	c.Stop()
-	c.start(t)
+	for attempt := 1; ; attempt++ {
+		err := c.start()
+		if err == nil {
+			return
+		}
+		// The ports are fixed now; if a client connection grabbed one
+		// while etcd was down, it is released when that connection ends.
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == startAttempts {
+			t.Fatalf("etcdtest: restart: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
-func (c *Cluster) start(t testing.TB) {
-	t.Helper()
+func (c *Cluster) start() error {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	srv, err := embedetcd.Start(ctx, c.cfg)
 	if err != nil {
-		t.Fatalf("etcdtest: %v", err)
+		return err
 	}
 	c.mu.Lock()
 	c.srv = srv
 	c.mu.Unlock()
+	return nil
 }
 
 // NewClient returns a client for endpoints (host:port or URLs, e.g. a fault

@@ -183,7 +183,7 @@ func TestLatencyDelaysBothDirections(t *testing.T) {
 	c, r := dial(t, p.Addr())
 	mustEcho(t, c, r, "warm")
 
-	const d = 50 * time.Millisecond
+	const d = 100 * time.Millisecond
 	p.SetLatency(d)
 	start := time.Now()
 	mustEcho(t, c, r, "slow")
