@@ -165,6 +165,7 @@ func (s *Store) ops(muts []Mutation) ([]clientv3.Op, error) {
 // Listing is a consistent snapshot of (part of) the registry.
 type Listing struct {
 	Endpoints []*registryv1.ServiceEndpoint // in key order
+	Nodes     []*registryv1.Node            // node records, in key order
 	Revision  int64                         // the store revision the listing is consistent at
 	Skipped   int                           // endpoint keys whose value did not decode (logged at warn)
 }
@@ -222,8 +223,21 @@ func (s *Store) listOnce(ctx context.Context, prefix string) (Listing, error) {
 		}
 		for _, kv := range resp.Kvs {
 			key := string(kv.Key)
+			if registry.IsNodeKey(key) {
+				n, err := registry.DecodeNode(key, kv.Value)
+				if err != nil {
+					l.Skipped++
+					if logged < maxSkipLogs {
+						logged++
+						s.log.Warn("skipping undecodable node record", "key", key, "mod_revision", kv.ModRevision, "err", err)
+					}
+					continue
+				}
+				l.Nodes = append(l.Nodes, n)
+				continue
+			}
 			if !registry.IsEndpointKey(key) {
-				continue // other records under Root (nodes, later) are not ours
+				continue // other records under Root are not ours
 			}
 			ep, err := registry.DecodeEndpoint(key, kv.Value)
 			if err != nil {

@@ -28,11 +28,20 @@ type Event struct {
 	Revision int64                       // ModRevision of the put, or the delete's revision
 }
 
+// NodeEvent is one change to one node record.
+type NodeEvent struct {
+	ID       registry.NodeID
+	Node     *registryv1.Node // nil for a delete (a lapsed lease, or a node that left)
+	Revision int64
+}
+
 // WatchBatch is what one etcd watch response carried.
 type WatchBatch struct {
 	// Events may be empty: for a progress notification, or for a response
 	// whose changes were all to keys that are not endpoints.
 	Events []Event
+	// Nodes are the node-record changes of the same response.
+	Nodes []NodeEvent
 	// Revision is a revision the consumer is known current up to: every
 	// change up to and including it has been delivered. For a batch with
 	// events it is the last event's revision, not etcd's response header
@@ -160,6 +169,10 @@ func (s *Store) batch(resp clientv3.WatchResponse, lastRev int64) (WatchBatch, b
 		if ev.Kv.ModRevision <= lastRev {
 			continue
 		}
+		if ne, ok := s.nodeEvent(ev); ok {
+			b.Nodes = append(b.Nodes, ne)
+			continue
+		}
 		if e, ok := s.event(ev); ok {
 			b.Events = append(b.Events, e)
 		}
@@ -211,4 +224,29 @@ func (s *Store) event(ev *clientv3.Event) (Event, bool) {
 	}
 	e.Endpoint = ep
 	return e, true
+}
+
+// nodeEvent converts a change to a node record key; false for other keys.
+// An undecodable record counts as deleted, as for endpoints.
+func (s *Store) nodeEvent(ev *clientv3.Event) (NodeEvent, bool) {
+	key := string(ev.Kv.Key)
+	if !registry.IsNodeKey(key) {
+		return NodeEvent{}, false
+	}
+	id, err := registry.ParseNodeKey(key)
+	if err != nil {
+		s.log.Warn("skipping change to a malformed node key", "key", key, "revision", ev.Kv.ModRevision, "err", err)
+		return NodeEvent{}, false
+	}
+	ne := NodeEvent{ID: id, Revision: ev.Kv.ModRevision}
+	if ev.Type == mvccpb.DELETE {
+		return ne, true
+	}
+	n, err := registry.DecodeNode(key, ev.Kv.Value)
+	if err != nil {
+		s.log.Warn("undecodable node record; treating it as removed", "key", key, "revision", ev.Kv.ModRevision, "err", err)
+		return ne, true
+	}
+	ne.Node = n
+	return ne, true
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -135,6 +136,33 @@ func (s *service) update(sub *subscription, msg *registrarv1.SubscribeRequest) e
 	return nil
 }
 
+func (s *service) AnnounceNode(ctx context.Context, req *registrarv1.AnnounceNodeRequest) (*registrarv1.AnnounceNodeResponse, error) {
+	n, err := s.r.AnnounceNode(ctx, req.GetNode())
+	if err != nil {
+		return nil, s.status("announce node", err)
+	}
+	return &registrarv1.AnnounceNodeResponse{Node: n, HeartbeatIntervalMs: (s.r.opts.NodeTTL / 3).Milliseconds()}, nil
+}
+
+func (s *service) Heartbeat(ctx context.Context, req *registrarv1.HeartbeatRequest) (*registrarv1.HeartbeatResponse, error) {
+	ttl, err := s.r.Heartbeat(ctx, req.GetNode(), req.GetRegion(), req.GetCluster())
+	if err != nil {
+		return nil, s.status("heartbeat", err)
+	}
+	return &registrarv1.HeartbeatResponse{LeaseTtlSeconds: int64(ttl / time.Second)}, nil
+}
+
+func (s *service) LeaveNode(ctx context.Context, req *registrarv1.LeaveNodeRequest) (*registrarv1.LeaveNodeResponse, error) {
+	if err := s.r.LeaveNode(ctx, req.GetNode(), req.GetRegion(), req.GetCluster()); err != nil {
+		return nil, s.status("leave", err)
+	}
+	return &registrarv1.LeaveNodeResponse{}, nil
+}
+
+func (s *service) ListNodes(ctx context.Context, _ *registrarv1.ListNodesRequest) (*registrarv1.ListNodesResponse, error) {
+	return &registrarv1.ListNodesResponse{Nodes: s.r.ListNodes(ctx)}, nil
+}
+
 // start validates a watch request and subscribes.
 func (s *service) start(req *registrarv1.WatchEndpointsRequest) (*subscription, error) {
 	f, err := newFilter(req.GetServices())
@@ -244,6 +272,9 @@ func (s *service) status(op string, err error) error {
 	case errors.Is(err, errNotFound):
 		s.r.metrics.rejected.WithLabelValues("not_found").Inc()
 		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, errBackend):
+		s.r.metrics.rejected.WithLabelValues("backend").Inc()
+		return status.Error(codes.Unavailable, fmt.Sprintf("%s: %v; retry", op, err))
 	case errors.Is(err, errQueueFull):
 		s.r.metrics.rejected.WithLabelValues("queue_full").Inc()
 		return status.Error(codes.ResourceExhausted, fmt.Sprintf(

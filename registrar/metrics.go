@@ -20,6 +20,7 @@ type metrics struct {
 	broadcastByTyp map[registrarv1.EndpointEvent_EventType]prometheus.Counter
 	evictions      prometheus.Counter
 	rejected       *prometheus.CounterVec
+	swept          prometheus.Counter
 }
 
 func newMetrics(r *Registrar) *metrics {
@@ -60,6 +61,10 @@ func newMetrics(r *Registrar) *metrics {
 			Name: "registrar_requests_rejected_total",
 			Help: "Requests refused, by reason.",
 		}, []string{"reason"}),
+		swept: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "registrar_ghost_endpoints_swept_total",
+			Help: "Endpoints removed because their node's record (lease) was gone.",
+		}),
 	}
 	m.broadcastByTyp = map[registrarv1.EndpointEvent_EventType]prometheus.Counter{}
 	for v, name := range registrarv1.EndpointEvent_EventType_name {
@@ -67,7 +72,7 @@ func newMetrics(r *Registrar) *metrics {
 	}
 	m.reg.MustRegister(
 		m.syncDuration, m.syncErrors, m.batchSize, m.flushDuration, m.flushErrors,
-		m.broadcast, m.evictions, m.rejected,
+		m.broadcast, m.evictions, m.rejected, m.swept,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{r: r},

@@ -49,6 +49,11 @@ type Options struct {
 	WatchBuffer      int
 	ProgressInterval time.Duration
 
+	// Nodes: a node record lives under an etcd lease of NodeTTL that the
+	// node's heartbeats renew; when it lapses, etcd deletes the record and
+	// the registrar's ghost sweep removes the node's endpoints.
+	NodeTTL time.Duration
+
 	Logger *slog.Logger
 }
 
@@ -70,6 +75,7 @@ func DefaultOptions() Options {
 		WatchHistory:         100000,
 		WatchBuffer:          4096,
 		ProgressInterval:     10 * time.Second,
+		NodeTTL:              30 * time.Second,
 	}
 }
 
@@ -106,6 +112,7 @@ func (o Options) withDefaults() Options {
 	setI(&o.WatchHistory, d.WatchHistory)
 	setI(&o.WatchBuffer, d.WatchBuffer)
 	setD(&o.ProgressInterval, d.ProgressInterval)
+	setD(&o.NodeTTL, d.NodeTTL)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -127,6 +134,8 @@ func (o Options) Validate() error {
 		{o.WatchHistory < 0, "--watch-history", "must be positive"},
 		{o.WatchBuffer < 0, "--watch-buffer", "must be positive"},
 		{o.ProgressInterval < 0, "--watch-progress-interval", "must be positive"},
+		{o.NodeTTL < 0, "--node-ttl", "must be positive"},
+		{o.NodeTTL > 0 && o.NodeTTL < 2*time.Second, "--node-ttl", "must be at least 2s (etcd leases count whole seconds)"},
 	}
 	for _, c := range checks {
 		if c.bad {

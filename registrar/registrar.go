@@ -28,6 +28,14 @@ type Backend interface {
 	List(ctx context.Context) (etcdstore.Listing, error)
 	// Watch streams changes after a revision, as etcdstore.Store.Watch.
 	Watch(ctx context.Context, afterRev int64) <-chan etcdstore.WatchBatch
+
+	// Node liveness: leases, and node records written under them. A lease
+	// that is gone is reported as etcdstore.ErrLeaseNotFound.
+	GrantLease(ctx context.Context, ttl time.Duration) (int64, error)
+	KeepAliveOnce(ctx context.Context, lease int64) (time.Duration, error)
+	LeaseTTL(ctx context.Context, lease int64) (remaining, granted time.Duration, err error)
+	RevokeLease(ctx context.Context, lease int64) (int64, error)
+	PutNode(ctx context.Context, n *registryv1.Node, lease int64) (int64, error)
 }
 
 // Registrar is one active-active replica: the snapshot, its streams, the
@@ -44,12 +52,13 @@ type Registrar struct {
 	st  *state
 	hub *hub
 
-	kick    chan struct{} // wakes the flusher before its tick
-	closing chan struct{} // closed when streams must end (shutdown)
-	closeMu sync.Once
-	started atomic.Bool
-	stop    context.CancelFunc
-	wg      sync.WaitGroup
+	kick      chan struct{} // wakes the flusher before its tick
+	sweepKick chan struct{} // wakes the ghost sweep (a node record went away)
+	closing   chan struct{} // closed when streams must end (shutdown)
+	closeMu   sync.Once
+	started   atomic.Bool
+	stop      context.CancelFunc
+	wg        sync.WaitGroup
 }
 
 // New builds a registrar over a backend. Call Start to load the snapshot.
@@ -59,14 +68,15 @@ func New(opts Options, backend Backend) (*Registrar, error) {
 		return nil, err
 	}
 	r := &Registrar{
-		opts:    opts,
-		backend: backend,
-		log:     opts.Logger.With("component", "registrar", "cluster", opts.ClusterName, "region", opts.Region),
-		now:     time.Now,
-		st:      newState(newEpoch(), opts.WatchHistory, opts.WriteQueueLimit),
-		hub:     newHub(),
-		kick:    make(chan struct{}, 1),
-		closing: make(chan struct{}),
+		opts:      opts,
+		backend:   backend,
+		log:       opts.Logger.With("component", "registrar", "cluster", opts.ClusterName, "region", opts.Region),
+		now:       time.Now,
+		st:        newState(newEpoch(), opts.WatchHistory, opts.WriteQueueLimit),
+		hub:       newHub(),
+		kick:      make(chan struct{}, 1),
+		sweepKick: make(chan struct{}, 1),
+		closing:   make(chan struct{}),
 	}
 	r.metrics = newMetrics(r)
 	r.hub.onDeliver = r.metrics.delivered
@@ -102,7 +112,8 @@ func (r *Registrar) Start(ctx context.Context) error {
 
 	loopCtx, cancel := context.WithCancel(context.Background())
 	r.stop = cancel
-	r.wg.Add(3)
+	r.wg.Add(4)
+	go func() { defer r.wg.Done(); r.runSweep(loopCtx) }()
 	go func() { defer r.wg.Done(); r.runFlusher(loopCtx) }()
 	go func() { defer r.wg.Done(); r.runSync(loopCtx, l.Revision) }()
 	go func() { defer r.wg.Done(); r.runProgress(loopCtx) }()

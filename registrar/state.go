@@ -50,16 +50,23 @@ type state struct {
 	queue     writeQueue
 	flushed   map[registry.EndpointID]int64 // revision our last write of a key landed at
 	backendRv int64                         // the backend revision the snapshot reflects
+
+	// Node records, as etcd has them. Ours are written synchronously, so the
+	// only guard needed is against a listing older than our own put.
+	nodes       map[registry.NodeID]*registryv1.Node
+	nodeFlushed map[registry.NodeID]int64
 }
 
 func newState(epoch string, historySize, queueLimit int) *state {
 	return &state{
-		epoch:     epoch,
-		hist:      newHistory(historySize),
-		byCount:   map[string]int{},
-		endpoints: map[string]map[registry.EndpointID]*registryv1.ServiceEndpoint{},
-		queue:     newWriteQueue(queueLimit),
-		flushed:   map[registry.EndpointID]int64{},
+		epoch:       epoch,
+		hist:        newHistory(historySize),
+		byCount:     map[string]int{},
+		endpoints:   map[string]map[registry.EndpointID]*registryv1.ServiceEndpoint{},
+		queue:       newWriteQueue(queueLimit),
+		flushed:     map[registry.EndpointID]int64{},
+		nodes:       map[registry.NodeID]*registryv1.Node{},
+		nodeFlushed: map[registry.NodeID]int64{},
 	}
 }
 
@@ -188,8 +195,64 @@ func (s *state) applyWatch(b etcdstore.WatchBatch) []*registrarv1.EndpointEvent 
 			evs = append(evs, ev)
 		}
 	}
+	for _, n := range b.Nodes {
+		if n.Revision <= s.backendRv || s.nodeFlushed[n.ID] > n.Revision {
+			continue
+		}
+		s.setNode(n.ID, n.Node)
+	}
 	s.advance(b.Revision)
 	return evs
+}
+
+func (s *state) setNode(id registry.NodeID, n *registryv1.Node) {
+	if n == nil {
+		delete(s.nodes, id)
+		return
+	}
+	s.nodes[id] = n
+}
+
+// nodePut records a node record we wrote at rev.
+func (s *state) nodePut(n *registryv1.Node, rev int64) {
+	id := registry.NodeIDOf(n)
+	s.nodes[id] = n
+	if rev > s.backendRv {
+		s.nodeFlushed[id] = rev
+	}
+}
+
+// nodeGone records a node record we deleted (revoked) at rev.
+func (s *state) nodeGone(id registry.NodeID, rev int64) {
+	delete(s.nodes, id)
+	if rev > s.backendRv {
+		s.nodeFlushed[id] = rev
+	}
+}
+
+// ghosts returns the endpoints of (region, cluster) whose node has no record
+// and that were registered more than grace ago: their node's lease lapsed
+// (or the node never announced). The grace keeps a registration that races
+// its node's announcement, or a node re-announcing after a lapse, from
+// being swept. Endpoints without a node are static and never swept; other
+// clusters' and regions' endpoints are never considered.
+func (s *state) ghosts(region, cluster string, now time.Time, grace time.Duration) []registry.EndpointID {
+	var out []registry.EndpointID
+	for _, m := range s.endpoints {
+		for id, ep := range m {
+			if id.Region != region || id.Cluster != cluster || ep.Node == "" {
+				continue
+			}
+			if _, ok := s.nodes[registry.NodeID{Region: region, Cluster: cluster, Name: ep.Node}]; ok {
+				continue
+			}
+			if now.Sub(ep.GetCreatedAt().AsTime()) < grace {
+				continue
+			}
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // applyListing reconciles the snapshot with a full listing of the backend
@@ -223,6 +286,20 @@ func (s *state) applyListing(l etcdstore.Listing) []*registrarv1.EndpointEvent {
 			evs = append(evs, ev)
 		}
 	}
+	nodes := make(map[registry.NodeID]*registryv1.Node, len(l.Nodes))
+	for _, n := range l.Nodes {
+		nodes[registry.NodeIDOf(n)] = n
+	}
+	for id, rev := range s.nodeFlushed {
+		if rev > l.Revision { // ours is newer than the listing
+			if n, ok := s.nodes[id]; ok {
+				nodes[id] = n
+			} else {
+				delete(nodes, id)
+			}
+		}
+	}
+	s.nodes = nodes
 	s.advance(l.Revision)
 	return evs
 }
@@ -237,6 +314,11 @@ func (s *state) advance(rev int64) {
 	for id, r := range s.flushed {
 		if r <= rev {
 			delete(s.flushed, id)
+		}
+	}
+	for id, r := range s.nodeFlushed {
+		if r <= rev {
+			delete(s.nodeFlushed, id)
 		}
 	}
 }

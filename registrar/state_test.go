@@ -322,3 +322,39 @@ func TestParseVersion(t *testing.T) {
 		t.Fatalf("empty: %v %v", v, err)
 	}
 }
+
+func TestGhosts(t *testing.T) {
+	s := newState("e", 100, 100)
+	old := t0
+	now := t0.Add(time.Minute)
+	onNode := func(node string) func(*registryv1.ServiceEndpoint) {
+		return func(e *registryv1.ServiceEndpoint) { e.Node = node }
+	}
+	s.register(mkEP(t, "web", "10.0.0.1", onNode("alive")), old)
+	s.register(mkEP(t, "web", "10.0.0.2", onNode("dead")), old)
+	s.register(mkEP(t, "web", "10.0.0.3"), old)                                   // no node: static
+	s.register(mkEP(t, "web", "10.0.0.4", onNode("dead")), now.Add(-time.Second)) // too young
+	s.register(mkEP(t, "web", "10.0.0.5", onNode("dead"), func(e *registryv1.ServiceEndpoint) { e.Cluster = "c2" }), old)
+	s.register(mkEP(t, "web", "10.0.0.6", onNode("dead"), func(e *registryv1.ServiceEndpoint) { e.Region = "r2" }), old)
+	s.nodePut(&registryv1.Node{Name: "alive", Region: "r", Cluster: "c"}, 5)
+	got := s.ghosts("r", "c", now, 30*time.Second)
+	if len(got) != 1 || got[0].IP != "10.0.0.2" {
+		t.Fatalf("ghosts = %v, want only 10.0.0.2", got)
+	}
+	// A listing older than our node put does not forget the node.
+	s.applyListing(listing(4))
+	if len(s.ghosts("r", "c", now, 30*time.Second)) != 1 {
+		t.Fatal("stale listing dropped a node we just wrote")
+	}
+	// A newer listing without it does.
+	s.batchDone(s.takeBatch(100), 6)
+	s.applyListing(listing(10, s.snapshotAll()...))
+	if n := len(s.ghosts("r", "c", now, 30*time.Second)); n != 2 {
+		t.Fatalf("after the node's record is gone: %d ghosts, want 2", n)
+	}
+}
+
+func (s *state) snapshotAll() []*registryv1.ServiceEndpoint {
+	eps, _ := s.snapshot(nil)
+	return eps
+}

@@ -83,13 +83,20 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 					break drain
 				}
 			}
+			nodeGone := false
 			r.apply(func(st *state) []*registrarv1.EndpointEvent {
 				var evs []*registrarv1.EndpointEvent
 				for _, b := range batches {
 					evs = append(evs, st.applyWatch(b)...)
+					for _, n := range b.Nodes {
+						nodeGone = nodeGone || n.Node == nil
+					}
 				}
 				return evs
 			})
+			if nodeGone {
+				r.kickSweep()
+			}
 		case <-poll.C:
 			relist()
 		}

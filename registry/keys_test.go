@@ -96,3 +96,47 @@ func TestCodecChecksKey(t *testing.T) {
 		t.Fatal("garbage decoded without error")
 	}
 }
+
+func TestNodeKeyLayout(t *testing.T) {
+	id := NodeID{Region: "eu", Cluster: "c1", Name: "node-7"}
+	k, err := id.Key()
+	if err != nil || k != "/aether/v1/regions/eu/clusters/c1/nodes/node-7" {
+		t.Fatalf("key = %q, %v", k, err)
+	}
+	if back, err := ParseNodeKey(k); err != nil || back != id {
+		t.Fatalf("ParseNodeKey = %+v, %v", back, err)
+	}
+	if IsEndpointKey(k) || !IsNodeKey(k) {
+		t.Fatal("node key misclassified")
+	}
+	for _, bad := range []string{"/aether/v1/regions/eu/clusters/c1/nodes/", "/aether/v1/regions/eu/clusters/c1/nodes/a/b", "/aether/v1/regions/eu/clusters/c1/nodes/.."} {
+		if _, err := ParseNodeKey(bad); err == nil {
+			t.Errorf("ParseNodeKey(%q) accepted", bad)
+		}
+	}
+	if _, err := (NodeID{Region: "eu", Cluster: "c1", Name: "a/b"}).Key(); err == nil {
+		t.Fatal("slash in node name accepted")
+	}
+}
+
+func TestNormalizeNode(t *testing.T) {
+	n, err := NormalizeNode(&registryv1.Node{Name: "n1", Region: "r", Cluster: "c", Address: "::ffff:10.0.0.1",
+		Services: []string{"web", "db", "web"}, LeaseId: 42}, DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Address != "10.0.0.1" || len(n.Services) != 2 || n.Services[0] != "db" || n.LeaseId != 0 || n.Health.Status != registryv1.Health_HEALTH_HEALTHY {
+		t.Fatalf("normalized = %v", n)
+	}
+	for name, bad := range map[string]*registryv1.Node{
+		"no name":     {Region: "r", Cluster: "c"},
+		"bad address": {Name: "n", Region: "r", Cluster: "c", Address: "x"},
+		"bad service": {Name: "n", Region: "r", Cluster: "c", Services: []string{"a/b"}},
+		"bad label":   {Name: "n", Region: "r", Cluster: "c", Labels: map[string]string{"a b": "c"}},
+		"bad health":  {Name: "n", Region: "r", Cluster: "c", Health: &registryv1.HealthSummary{Status: 9}},
+	} {
+		if _, err := NormalizeNode(bad, DefaultLimits); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

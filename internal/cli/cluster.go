@@ -335,7 +335,7 @@ func checkCluster(members []etcdMember, siteOf map[string]string) (*clusterRepor
 			rep.Unmatched = append(rep.Unmatched, key+"="+siteOf[key])
 			continue
 		case len(hits) > 1:
-			return nil, fmt.Errorf("--site %s=%s: %q names more than one member (%s and %s); use the member ID instead",
+			return nil, fmt.Errorf("--site %s=%s: %q names more than one member: %s and %s; use the member ID instead",
 				key, siteOf[key], key, members[hits[0]].describe(), members[hits[1]].describe())
 		}
 		i := hits[0]
@@ -403,17 +403,18 @@ func checkCluster(members []etcdMember, siteOf map[string]string) (*clusterRepor
 		rep.add(ruleSites, false, "voter %s has no site; pass --site %s=SITE", label, label)
 	}
 	if sitesOK {
-		rep.add(ruleSites, true, "%s in %d distinct sites", plural(n, "voter"), len(siteNames))
+		rep.add(ruleSites, true, "%s in %s", plural(n, "voter"), plural(len(siteNames), "distinct site"))
 	}
 	rep.OK = len(rep.failedRules()) == 0
 	return rep, nil
 }
 
+// describe names a member with its ID, for messages about ambiguity.
 func (m etcdMember) describe() string {
 	if m.Name == "" {
-		return memberIDString(m.ID)
+		return "ID " + memberIDString(m.ID)
 	}
-	return m.Name + " " + memberIDString(m.ID)
+	return m.Name + " (ID " + memberIDString(m.ID) + ")"
 }
 
 func cmpUint(a, b uint64) int {

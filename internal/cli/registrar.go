@@ -67,6 +67,7 @@ then shuts down gracefully.`,
 	f.IntVar(&opts.WatchHistory, "watch-history", opts.WatchHistory, "events retained so watchers can resume")
 	f.IntVar(&opts.WatchBuffer, "watch-buffer", opts.WatchBuffer, "undelivered messages per watch stream before it is cut off")
 	f.DurationVar(&opts.ProgressInterval, "watch-progress-interval", opts.ProgressInterval, "send idle watch streams a PROGRESS bookmark every interval")
+	f.DurationVar(&opts.NodeTTL, "node-ttl", opts.NodeTTL, "lease TTL of node records: a node whose heartbeats stop disappears, with its endpoints, this long after its last heartbeat")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	return cmd

@@ -48,11 +48,10 @@ type Cluster struct {
 }
 
 type member struct {
-	name            string
-	client, peer    url.URL
-	dir             string
-	etcd            *embed.Etcd
-	etcdStartFailed error
+	name         string
+	client, peer url.URL
+	dir          string
+	etcd         *embed.Etcd
 }
 
 // Start starts an n-member cluster and stops it when the test ends.
@@ -120,9 +119,12 @@ func start(t testing.TB, n int) (*Cluster, error) {
 	token := "etcdcluster-" + c.members[0].peer.Port()
 	logger := zap.New(&testCore{gate: c.logs})
 
-	// Members of a new cluster wait for each other before they are ready,
-	// so they must all be starting at the same time.
-	var wg sync.WaitGroup
+	// Members are started one after the other, each once the previous one
+	// serves its peer port: a new member first asks its peers whether it
+	// was bootstrapped already, and a peer that has bound its port but does
+	// not serve it yet makes that question wait for a timeout (1s each).
+	// StartEtcd does not wait for the other members; readiness, which needs
+	// a quorum, is awaited below.
 	for _, m := range c.members {
 		cfg := embed.NewConfig()
 		cfg.Name = m.name
@@ -141,20 +143,12 @@ func start(t testing.TB, n int) (*Cluster, error) {
 		// quick without making leadership flap under -race.
 		cfg.TickMs = 50
 		cfg.ElectionMs = 500
-		wg.Go(func() {
-			m.etcd, m.etcdStartFailed = embed.StartEtcd(cfg)
-		})
-	}
-	wg.Wait()
-	var startErrs []error
-	for _, m := range c.members {
-		if m.etcdStartFailed != nil {
-			startErrs = append(startErrs, fmt.Errorf("member %s: %w", m.name, m.etcdStartFailed))
+		e, err := embed.StartEtcd(cfg)
+		if err != nil {
+			c.stop()
+			return nil, fmt.Errorf("member %s: %w", m.name, err)
 		}
-	}
-	if len(startErrs) > 0 {
-		c.stop()
-		return nil, errors.Join(startErrs...)
+		m.etcd = e
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
@@ -176,12 +170,21 @@ func start(t testing.TB, n int) (*Cluster, error) {
 	return c, nil
 }
 
-// stop stops every member, all at once: stopping them one by one would
-// leave the last ones waiting on peers that are gone.
+// stop stops every member. A graceful etcd Close takes a second or more per
+// member (a leader hands over leadership; the peer server waits for the
+// other members' raft streams to end), so the raft side of every member is
+// stopped hard first, all at once, which ends those streams; Close then
+// only has to shut down the listeners.
 func (c *Cluster) stop() {
 	c.once.Do(func() {
 		c.logs.close()
 		var wg sync.WaitGroup
+		for _, m := range c.members {
+			if m.etcd != nil {
+				wg.Go(m.etcd.Server.HardStop)
+			}
+		}
+		wg.Wait()
 		for _, m := range c.members {
 			if m.etcd != nil {
 				wg.Go(m.etcd.Close)

@@ -1,0 +1,220 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/registry"
+)
+
+// Node liveness. A node record is written synchronously (not write-behind)
+// under an etcd lease of --node-ttl: the lease only means something once
+// etcd holds it, and a node needs to know that its announcement stuck.
+// Heartbeats may land on any replica; each renews the same lease, whose ID
+// every replica learns from the record itself. When the heartbeats stop,
+// etcd deletes the record; the ghost sweep then removes the node's
+// endpoints. A registrar never declares a node dead on its own judgement.
+
+// errBackend marks a failure to reach the backend; clients should retry.
+var errBackend = errors.New("backend unavailable")
+
+// AnnounceNode creates or refreshes a node record, keeping the node's lease
+// if it is still alive.
+func (r *Registrar) AnnounceNode(ctx context.Context, in *registryv1.Node) (*registryv1.Node, error) {
+	if in != nil {
+		region, cluster := in.GetRegion(), in.GetCluster()
+		if err := r.claimOrigin(&region, &cluster, "node."); err != nil {
+			return nil, err
+		}
+		if region != in.GetRegion() || cluster != in.GetCluster() {
+			in = proto.Clone(in).(*registryv1.Node)
+			in.Region, in.Cluster = region, cluster
+		}
+	}
+	n, err := registry.NormalizeNode(in, registry.DefaultLimits)
+	if err != nil {
+		return nil, err
+	}
+	id := registry.NodeIDOf(n)
+	r.mu.Lock()
+	prev := r.st.nodes[id]
+	r.mu.Unlock()
+
+	n.LeaseTtlSeconds = int64(r.opts.NodeTTL / time.Second)
+	n.AnnouncedAt = timestamppb.New(r.now())
+	for attempt := 0; attempt < 2; attempt++ {
+		lease := int64(0)
+		if prev != nil && prev.LeaseId != 0 && attempt == 0 {
+			if _, err := r.backend.KeepAliveOnce(ctx, prev.LeaseId); err == nil {
+				lease = prev.LeaseId
+				n.AnnouncedAt = prev.AnnouncedAt // same incarnation of the node
+			} else if !errors.Is(err, etcdstore.ErrLeaseNotFound) {
+				return nil, fmt.Errorf("%w: renewing node %s's lease: %v", errBackend, id.Name, err)
+			}
+		}
+		if lease == 0 {
+			if lease, err = r.backend.GrantLease(ctx, r.opts.NodeTTL); err != nil {
+				return nil, fmt.Errorf("%w: granting node %s a lease: %v", errBackend, id.Name, err)
+			}
+		}
+		n.LeaseId = lease
+		rev, err := r.backend.PutNode(ctx, n, lease)
+		if errors.Is(err, etcdstore.ErrLeaseNotFound) {
+			continue // lapsed between the renewal and the put: start afresh
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: recording node %s: %v", errBackend, id.Name, err)
+		}
+		r.mu.Lock()
+		r.st.nodePut(n, rev)
+		r.mu.Unlock()
+		if prev == nil || prev.LeaseId != lease {
+			r.log.Info("node announced", "node", id.Name, "zone", n.Zone, "lease", fmt.Sprintf("%x", lease))
+		}
+		return n, nil
+	}
+	return nil, fmt.Errorf("%w: node %s's lease kept lapsing while announcing", errBackend, id.Name)
+}
+
+// nodeLease finds the lease of a node of this registrar's origin.
+func (r *Registrar) nodeLease(name, region, cluster string) (registry.NodeID, int64, error) {
+	if err := r.claimOrigin(&region, &cluster, ""); err != nil {
+		return registry.NodeID{}, 0, err
+	}
+	id := registry.NodeID{Region: region, Cluster: cluster, Name: name}
+	if err := registry.ValidateName("node", name); err != nil {
+		return id, 0, &registry.FieldError{Field: "node", Reason: err.Error()}
+	}
+	r.mu.Lock()
+	n := r.st.nodes[id]
+	r.mu.Unlock()
+	if n == nil || n.LeaseId == 0 {
+		return id, 0, fmt.Errorf("%w: node %q has no record (never announced, or its lease lapsed); announce it again", errNotFound, name)
+	}
+	return id, n.LeaseId, nil
+}
+
+// Heartbeat renews a node's lease.
+func (r *Registrar) Heartbeat(ctx context.Context, name, region, cluster string) (time.Duration, error) {
+	_, lease, err := r.nodeLease(name, region, cluster)
+	if err != nil {
+		return 0, err
+	}
+	ttl, err := r.backend.KeepAliveOnce(ctx, lease)
+	switch {
+	case errors.Is(err, etcdstore.ErrLeaseNotFound):
+		return 0, fmt.Errorf("%w: node %q's lease lapsed; announce it again", errNotFound, name)
+	case err != nil:
+		return 0, fmt.Errorf("%w: renewing node %q's lease: %v", errBackend, name, err)
+	}
+	return ttl, nil
+}
+
+// LeaveNode removes a node record at once by revoking its lease.
+func (r *Registrar) LeaveNode(ctx context.Context, name, region, cluster string) error {
+	id, lease, err := r.nodeLease(name, region, cluster)
+	if err != nil {
+		return err
+	}
+	rev, err := r.backend.RevokeLease(ctx, lease)
+	if err != nil {
+		return fmt.Errorf("%w: revoking node %q's lease: %v", errBackend, name, err)
+	}
+	r.mu.Lock()
+	r.st.nodeGone(id, rev)
+	r.mu.Unlock()
+	r.log.Info("node left", "node", name)
+	r.kickSweep()
+	return nil
+}
+
+// ListNodes returns the known node records with their lease state.
+func (r *Registrar) ListNodes(ctx context.Context) []*registrarv1.NodeStatus {
+	r.mu.Lock()
+	out := make([]*registrarv1.NodeStatus, 0, len(r.st.nodes))
+	for _, n := range r.st.nodes {
+		out = append(out, &registrarv1.NodeStatus{Node: n, LastHeartbeatAgeSeconds: -1, LeaseRemainingSeconds: -1})
+	}
+	r.mu.Unlock()
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
+	for _, st := range out {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			remaining, granted, err := r.backend.LeaseTTL(ctx, st.Node.LeaseId)
+			if err != nil {
+				return
+			}
+			// A renewal resets the lease to its granted TTL, so what has
+			// run off it since is the time since the last heartbeat.
+			st.LeaseRemainingSeconds = remaining.Seconds()
+			st.LastHeartbeatAgeSeconds = (granted - remaining).Seconds()
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func (r *Registrar) kickSweep() {
+	select {
+	case r.sweepKick <- struct{}{}:
+	default:
+	}
+}
+
+// runSweep removes ghost endpoints of this registrar's own cluster: those
+// whose node record is gone. It runs when a node record disappears and
+// every third of --node-ttl as a backstop.
+func (r *Registrar) runSweep(ctx context.Context) {
+	t := time.NewTicker(max(r.opts.NodeTTL/3, time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-r.sweepKick:
+		}
+		r.sweep()
+	}
+}
+
+// sweep removes the current ghosts through the ordinary unregister path, so
+// watchers see REMOVED and the deletes are persisted write-behind.
+func (r *Registrar) sweep() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ghosts := r.st.ghosts(r.opts.Region, r.opts.ClusterName, r.now(), r.opts.NodeTTL)
+	var evs []*registrarv1.EndpointEvent
+	for _, id := range ghosts {
+		node := r.st.get(id).GetNode()
+		ev, err := r.st.unregister(id)
+		if err != nil {
+			// The queue is full: the sweep tries again next round.
+			r.log.Warn("ghost sweep deferred", "endpoint", id.String(), "err", err)
+			break
+		}
+		r.log.Info("swept endpoint of a node whose lease lapsed", "endpoint", id.String(), "node", node)
+		evs = append(evs, ev)
+	}
+	r.hub.publish(evs)
+	if len(evs) > 0 {
+		r.metrics.swept.Add(float64(len(evs)))
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+	return len(evs)
+}
