@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -54,7 +53,7 @@ type registrarProc struct {
 	cmd      *exec.Cmd
 	grpcAddr string
 	httpAddr string
-	logs     *bytes.Buffer
+	logs     *syncBuffer
 	exited   chan error
 }
 
@@ -62,7 +61,7 @@ type registrarProc struct {
 // waits for /readyz.
 func startRegistrar(t *testing.T, dataDir string, etcdAddr, peerAddr string) *registrarProc {
 	t.Helper()
-	p := &registrarProc{grpcAddr: freeAddr(t), httpAddr: freeAddr(t), logs: &bytes.Buffer{}, exited: make(chan error, 1)}
+	p := &registrarProc{grpcAddr: freeAddr(t), httpAddr: freeAddr(t), logs: &syncBuffer{}, exited: make(chan error, 1)}
 	p.cmd = exec.Command(aetherBin, "registrar",
 		"--data-dir", dataDir,
 		"--embedded-etcd-addr", etcdAddr,
@@ -71,6 +70,12 @@ func startRegistrar(t *testing.T, dataDir string, etcdAddr, peerAddr string) *re
 		"--http-addr", p.httpAddr,
 		"--cluster-name", "east-1", "--region", "us-east", "--zone", "us-east-1a")
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	return p.launch(t)
+}
+
+// launch starts the prepared command and waits for /readyz.
+func (p *registrarProc) launch(t *testing.T) *registrarProc {
+	t.Helper()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -90,6 +95,7 @@ func startRegistrar(t *testing.T, dataDir string, etcdAddr, peerAddr string) *re
 		}
 		select {
 		case err := <-p.exited:
+			p.exited <- err
 			t.Fatalf("registrar exited: %v\n%s", err, p.logs)
 		default:
 		}

@@ -56,9 +56,10 @@ func TestClusterCheckThreeMembers(t *testing.T) {
 		name    string
 		env     map[string]string
 		args    []string
-		lines   []string // the PASS/FAIL lines, exactly
-		wantErr string   // "" for exit 0
-		extra   []string // other text the output must contain
+		lines   []string   // the PASS/FAIL lines, exactly
+		wantErr string     // "" for exit 0
+		extra   []string   // other text the output must contain
+		rows    [][]string // member table rows, by field
 	}{
 		{
 			name: "all voters in distinct sites",
@@ -68,7 +69,12 @@ func TestClusterCheckThreeMembers(t *testing.T) {
 				"PASS failover: 3 voters; quorum survives 1 voter down",
 				"PASS sites: 3 voters in 3 distinct sites",
 			},
-			extra: []string{": 3 members, 3 voters\n", "NAME  ID", "m0    " + ids["m0"] + "  voter  zone-1  " + c.PeerURLs()[0]},
+			extra: []string{": 3 members, 3 voters\n", "NAME  ID"},
+			rows: [][]string{
+				{"m0", ids["m0"], "voter", "zone-1", c.PeerURLs()[0]},
+				{"m1", ids["m1"], "voter", "zone-2", c.PeerURLs()[1]},
+				{"m2", ids["m2"], "voter", "zone-3", c.PeerURLs()[2]},
+			},
 		},
 		{
 			name: "two voters share a site",
@@ -141,6 +147,15 @@ func TestClusterCheckThreeMembers(t *testing.T) {
 			}
 			if got := checkLines(res.stdout); !slices.Equal(got, tc.lines) {
 				t.Errorf("check lines:\n%s\nwant:\n%s\nfull output:\n%s", strings.Join(got, "\n"), strings.Join(tc.lines, "\n"), res.stdout)
+			}
+			for _, row := range tc.rows {
+				found := false
+				for _, l := range strings.Split(res.stdout, "\n") {
+					found = found || slices.Equal(strings.Fields(l), row)
+				}
+				if !found {
+					t.Errorf("member table lacks row %q:\n%s", row, res.stdout)
+				}
 			}
 			for _, want := range tc.extra {
 				if !strings.Contains(res.stdout, want) {

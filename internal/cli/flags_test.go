@@ -177,6 +177,7 @@ func TestRegistrarOptions(t *testing.T) {
 			"AETHER_WRITE_QUEUE_LIMIT":       "20",
 			"AETHER_WATCH_HISTORY":           "30",
 			"AETHER_WATCH_BUFFER":            "40",
+			"AETHER_NODE_TTL":                "45s",
 			"AETHER_LOG_LEVEL":               "debug",
 			"AETHER_LOG_FORMAT":              "json",
 		}
@@ -207,6 +208,7 @@ func TestRegistrarOptions(t *testing.T) {
 			WatchHistory:         30,
 			WatchBuffer:          40,
 			ProgressInterval:     2 * time.Second,
+			NodeTTL:              45 * time.Second,
 		}
 		if !optionsEqual(got, want) {
 			t.Errorf("options\n got %+v\nwant %+v", got, want)

@@ -70,6 +70,9 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newWatchCmd(),
 		newVersionCmd(),
 		newBenchCmd(),
+		newDrainCmd(),
+		newNodesCmd(),
+		newAgentCmd(),
 		newClusterCmd(),
 	)
 	documentEnv(root)

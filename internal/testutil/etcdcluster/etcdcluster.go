@@ -170,11 +170,12 @@ func start(t testing.TB, n int) (*Cluster, error) {
 	return c, nil
 }
 
-// stop stops every member. A graceful etcd Close takes a second or more per
-// member (a leader hands over leadership; the peer server waits for the
-// other members' raft streams to end), so the raft side of every member is
-// stopped hard first, all at once, which ends those streams; Close then
-// only has to shut down the listeners.
+// stop stops every member. Closing members gracefully while their peers
+// are closing too takes seconds (a leader tries to hand over leadership to a
+// member that is going away), so the raft side of every member is stopped
+// hard first, all at once; then all members are closed at once. Close still
+// spends about a second shutting down its peer server, so a whole stop
+// takes about a second, whatever n.
 func (c *Cluster) stop() {
 	c.once.Do(func() {
 		c.logs.close()

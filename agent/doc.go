@@ -1,0 +1,18 @@
+// Package agent is the node agent behind "aether agent": one long-running
+// process per node or appliance that announces the node, keeps its record
+// alive, and keeps its endpoints registered.
+//
+// Invariants:
+//
+//   - The node is announced before any of its endpoints is registered, so a
+//     registrar's ghost sweep never sees an endpoint of a node it does not
+//     know.
+//   - Liveness is the node's etcd lease, renewed by heartbeats through any
+//     registrar in the list. A heartbeat answered NOT_FOUND means the lease
+//     lapsed (the node was partitioned longer than the TTL and its endpoints
+//     were swept): the agent announces again and re-registers everything.
+//   - Endpoints leave in two phases: DRAINING first, so proxies stop sending
+//     new requests, then removal after --drain-period. That holds for an
+//     endpoint dropped from the endpoints file and for all of them on
+//     SIGTERM, after which the node leaves and the agent exits 0.
+package agent

@@ -1,0 +1,262 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+)
+
+// maxBatch bounds how many received messages are applied, and published, as
+// one cache update. Folding a burst into one publication keeps the cost of
+// copy-on-write per message, not per event.
+const maxBatch = 256
+
+type subscribeStream = grpc.BidiStreamingClient[registrarv1.SubscribeRequest, registrarv1.EndpointEvent]
+
+// runStream keeps one Subscribe stream open, moving to the next registrar
+// after every failure and backing off with full jitter. The backoff starts
+// over once a stream has synced, so a registrar restart costs a short wait
+// while a dead cluster is not hammered.
+func (c *Client) runStream(ctx context.Context) {
+	defer c.wg.Done()
+	n := uint32(len(c.cfg.Addrs))
+	attempt := 0
+	for i := 0; ; i++ {
+		if i > 0 {
+			c.metrics.reconnects.Inc()
+		}
+		idx := c.addr.Load() % n
+		synced, err := c.session(ctx, int(idx))
+		c.markStale()
+		if ctx.Err() != nil {
+			return
+		}
+		if synced {
+			attempt = 0
+		}
+		d := c.backoff(attempt)
+		attempt++
+		next := (idx + 1) % n
+		if synced {
+			c.log.Warn("registrar stream lost; serving the cache and reconnecting", "addr", c.cfg.Addrs[idx], "err", err, "next", c.cfg.Addrs[next], "in", d)
+		} else {
+			c.log.Info("registrar stream attempt failed", "addr", c.cfg.Addrs[idx], "err", err, "next", c.cfg.Addrs[next], "in", d, "cache_age", c.CacheAge())
+		}
+		c.addr.Store(next)
+		if !sleep(ctx, d, nil) {
+			return
+		}
+	}
+}
+
+// session is one stream's bookkeeping.
+type session struct {
+	covered []string // !all: the services a FULL_SNAPSHOT on this stream stands for
+	sent    []string // !all: the stream's service set as the registrar knows it
+	synced  bool     // a snapshot or the resume bookmark has arrived
+
+	snapType     registrarv1.EndpointEvent_EventType
+	snapBuf      []*registryv1.ServiceEndpoint // chunks of a snapshot in progress
+	snapServices []string
+	snapOpen     bool
+}
+
+type recvResult struct {
+	ev  *registrarv1.EndpointEvent
+	err error
+}
+
+// session runs one stream against registrar idx until it fails or ctx ends.
+// It reports whether the stream got as far as syncing.
+func (c *Client) session(ctx context.Context, idx int) (bool, error) {
+	addr := c.cfg.Addrs[idx]
+	sctx, cancel := context.WithCancel(ctx)
+	var recv sync.WaitGroup
+	defer func() { cancel(); recv.Wait() }()
+
+	stream, err := c.rpc[idx].Subscribe(sctx)
+	if err != nil {
+		return false, fmt.Errorf("opening a Subscribe stream to %s: %w", addr, err)
+	}
+	c.mu.Lock()
+	start, add, covered, sent := c.st.startRequest(&c.cfg)
+	c.mu.Unlock()
+	sess := &session{covered: covered, sent: sent}
+	if err := send(stream, &registrarv1.SubscribeRequest{Request: &registrarv1.SubscribeRequest_Start{Start: start}}); err != nil {
+		return false, fmt.Errorf("starting the stream at %s: %w", addr, err)
+	}
+	if len(add) > 0 {
+		if err := send(stream, update(add, nil)); err != nil {
+			return false, fmt.Errorf("subscribing at %s: %w", addr, err)
+		}
+	}
+	c.log.Debug("registrar stream started", "addr", addr, "last_version", start.GetLastVersion(), "services", start.GetServices(), "adding", add)
+
+	// Recv runs on its own goroutine so the loop below can also send
+	// subscription updates, and can fold a burst of messages into one
+	// cache update.
+	msgs := make(chan recvResult, maxBatch)
+	recv.Add(1)
+	go func() {
+		defer recv.Done()
+		for {
+			ev, err := stream.Recv()
+			if err == io.EOF {
+				err = errors.New("the registrar ended the stream")
+			}
+			select {
+			case msgs <- recvResult{ev, err}:
+			case <-sctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+
+	for {
+		select {
+		case <-ctx.Done():
+			return sess.synced, ctx.Err()
+		case <-c.subKick:
+			if err := c.updateSubscriptions(stream, sess); err != nil {
+				return sess.synced, fmt.Errorf("updating subscriptions at %s: %w", addr, err)
+			}
+		case r := <-msgs:
+			batch := make([]*registrarv1.EndpointEvent, 0, 1)
+			err := r.err
+		collect:
+			for err == nil {
+				batch = append(batch, r.ev)
+				if len(batch) == maxBatch {
+					break
+				}
+				select {
+				case r = <-msgs:
+					err = r.err
+				default:
+					break collect
+				}
+			}
+			if len(batch) > 0 {
+				c.apply(sess, addr, batch)
+			}
+			if err != nil {
+				return sess.synced, fmt.Errorf("stream from %s: %w", addr, err)
+			}
+		}
+	}
+}
+
+// send sends on the stream. io.EOF means the stream has ended; its status
+// comes from Recv, which the session loop is about to see.
+func send(stream subscribeStream, req *registrarv1.SubscribeRequest) error {
+	if err := stream.Send(req); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}
+
+func update(add, remove []string) *registrarv1.SubscribeRequest {
+	return &registrarv1.SubscribeRequest{Request: &registrarv1.SubscribeRequest_Update{
+		Update: &registrarv1.SubscriptionUpdate{Add: add, Remove: remove},
+	}}
+}
+
+// updateSubscriptions sends the difference between the wanted services and
+// what the stream was last told. Diffing (rather than forwarding each call)
+// makes it idempotent, so kicks that race a stream start do no harm.
+func (c *Client) updateSubscriptions(stream subscribeStream, sess *session) error {
+	c.mu.Lock()
+	wanted := sortedKeys(c.st.wanted)
+	c.mu.Unlock()
+	var add, remove []string
+	for _, svc := range wanted {
+		if !slices.Contains(sess.sent, svc) {
+			add = append(add, svc)
+		}
+	}
+	for _, svc := range sess.sent {
+		if !slices.Contains(wanted, svc) {
+			remove = append(remove, svc)
+		}
+	}
+	sess.sent = wanted
+	if len(add)+len(remove) == 0 {
+		return nil
+	}
+	c.log.Debug("updating subscriptions", "add", add, "remove", remove)
+	return send(stream, update(add, remove))
+}
+
+// apply folds a batch of stream messages into the cache and publishes once.
+func (c *Client) apply(sess *session, addr string, batch []*registrarv1.EndpointEvent) {
+	becameSynced := false
+	c.mu.Lock()
+	s := c.st
+	for _, ev := range batch {
+		switch t := ev.GetType(); t {
+		case registrarv1.EndpointEvent_FULL_SNAPSHOT, registrarv1.EndpointEvent_SERVICES_SNAPSHOT:
+			if sess.snapOpen && sess.snapType != t {
+				// The registrar never interleaves snapshots; if one did,
+				// the partial one is unusable.
+				c.log.Warn("snapshot chunks interleaved; discarding the partial one", "addr", addr, "partial", sess.snapType, "new", t)
+				sess.snapBuf = nil
+			}
+			if !sess.snapOpen || sess.snapType != t {
+				sess.snapType, sess.snapServices, sess.snapOpen = t, ev.GetServices(), true
+			}
+			sess.snapBuf = append(sess.snapBuf, ev.GetEndpoints()...)
+			if ev.GetSnapshotContinues() {
+				continue
+			}
+			if t == registrarv1.EndpointEvent_FULL_SNAPSHOT {
+				s.replace(sess.snapBuf, sess.covered, s.all)
+				c.stats.fullSnapshots.Add(1)
+				if !sess.synced {
+					sess.synced, becameSynced = true, true
+				}
+			} else {
+				s.replace(sess.snapBuf, sess.snapServices, false)
+			}
+			sess.snapBuf, sess.snapServices, sess.snapOpen = nil, nil, false
+			s.setVersion(ev.GetVersion())
+		case registrarv1.EndpointEvent_ENDPOINT_ADDED, registrarv1.EndpointEvent_ENDPOINT_UPDATED, registrarv1.EndpointEvent_ENDPOINT_REMOVED:
+			s.applyEvent(ev)
+			s.setVersion(ev.GetVersion())
+		case registrarv1.EndpointEvent_PROGRESS:
+			s.setVersion(ev.GetVersion())
+			if !sess.synced {
+				// The bookmark after a resume's missed events.
+				sess.synced, becameSynced = true, true
+				c.stats.resumes.Add(1)
+			}
+		default:
+			c.log.Debug("ignoring an event type this client does not know", "type", t, "addr", addr)
+		}
+	}
+	s.settle(time.Now())
+	c.commitLocked()
+	c.mu.Unlock()
+	if becameSynced {
+		c.log.Debug("registrar stream synced", "addr", addr, "version", c.version())
+		c.markSynced()
+	}
+}
+
+// version is the last resume token the stream delivered.
+func (c *Client) version() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st.version
+}

@@ -1,0 +1,500 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registry"
+)
+
+// rpcTimeout bounds one unary call (a write or a fallback read attempt), so
+// a registrar that stopped answering costs a retry, not a stuck writer.
+const rpcTimeout = 10 * time.Second
+
+type opKind int
+
+const (
+	opRegister opKind = iota + 1
+	opUnregister
+	opDrain
+)
+
+func (o opKind) String() string {
+	switch o {
+	case opRegister:
+		return "register"
+	case opUnregister:
+		return "unregister"
+	case opDrain:
+		return "drain"
+	}
+	return "none"
+}
+
+type writeState int
+
+const (
+	writeQueued   writeState = iota + 1 // waiting for the writer (again, after a failure or a newer intent)
+	writeInflight                       // the writer is sending gen
+	writeAcked                          // acknowledged; kept in the overlay until the stream catches up
+)
+
+// write is the agent's latest intent for one endpoint. Coalescing is
+// structural: there is one write per endpoint and a new intent replaces
+// the old one, bumping gen so that an RPC still carrying the old intent
+// does not acknowledge the new one.
+type write struct {
+	id    registry.EndpointID
+	op    opKind
+	ep    *registryv1.ServiceEndpoint // opRegister: the normalized endpoint
+	gen   uint64
+	state writeState
+	since uint64 // state.writeSeq when it last became unacknowledged
+
+	ackedAt  time.Time
+	ackEpoch string // "" when the ack carried no comparable version
+	ackSeq   uint64
+
+	// Memo of apply for opDrain, so recomputing yields the same pointer and
+	// republishes nothing.
+	drainedFrom, drainedTo *registryv1.ServiceEndpoint
+}
+
+// apply is the write's effect on the registrar's value cur (nil: absent).
+func (w *write) apply(cur *registryv1.ServiceEndpoint) *registryv1.ServiceEndpoint {
+	switch w.op {
+	case opRegister:
+		return w.ep
+	case opDrain:
+		if cur == nil {
+			return nil // nothing to drain; the registrar will say NotFound
+		}
+		if w.drainedFrom != cur {
+			w.drainedFrom, w.drainedTo = cur, drained(cur)
+		}
+		return w.drainedTo
+	}
+	return nil
+}
+
+// unacked reports whether the write still has to reach a registrar.
+func (w *write) unacked() bool { return w.state == writeQueued || w.state == writeInflight }
+
+// intend records a new intent. Drain composes with a pending Register (the
+// registrar may not have the endpoint yet, so a bare Drain could be
+// rejected as NotFound) and is moot after a pending Unregister; otherwise
+// the latest intent wins.
+func (s *state) intend(id registry.EndpointID, op opKind, ep *registryv1.ServiceEndpoint) {
+	w := s.writes[id]
+	if w == nil {
+		w = &write{id: id}
+		s.writes[id] = w
+	}
+	if op == opDrain {
+		switch w.op {
+		case opRegister:
+			op, ep = opRegister, drained(w.ep)
+		case opUnregister:
+			op = opUnregister
+		}
+	}
+	w.op, w.ep = op, ep
+	w.drainedFrom, w.drainedTo = nil, nil
+	w.gen++
+	s.writeSeq++
+	if !w.unacked() {
+		w.state = writeQueued
+		w.since = s.writeSeq
+		s.queue = append(s.queue, id)
+	}
+	// A queued write keeps its place; an in-flight one is requeued when its
+	// RPC returns and finds a newer gen.
+}
+
+// requeueFront puts a write back at the head of the queue, so a retry or a
+// newer intent does not lose its turn.
+func (s *state) requeueFront(w *write) {
+	w.state = writeQueued
+	s.queue = slices.Insert(s.queue, 0, w.id)
+}
+
+// authMatches reports whether the registrar's state already shows what an
+// acknowledged write asked for.
+func (s *state) authMatches(w *write) bool {
+	a := s.auth[w.id.Service][w.id]
+	switch w.op {
+	case opRegister:
+		return a != nil && registry.SameAttributes(a, w.ep)
+	case opDrain:
+		return a == nil || a.State == registryv1.State_STATE_DRAINING
+	}
+	return a == nil
+}
+
+// settle retires acknowledged writes the stream has caught up with: it has
+// delivered the write's version (same registrar incarnation), or shows the
+// written state, or settleTimeout has passed.
+func (s *state) settle(now time.Time) {
+	for id, w := range s.writes {
+		if w.state != writeAcked {
+			continue
+		}
+		if (w.ackEpoch != "" && w.ackEpoch == s.epoch && s.seq >= w.ackSeq) ||
+			s.authMatches(w) || now.Sub(w.ackedAt) >= settleTimeout {
+			delete(s.writes, id)
+			s.recompute(id)
+		}
+	}
+}
+
+// nextSettle is when the oldest acknowledged write times out of the
+// overlay; zero if none is waiting.
+func (s *state) nextSettle() time.Time {
+	var t time.Time
+	for _, w := range s.writes {
+		if w.state == writeAcked {
+			if d := w.ackedAt.Add(settleTimeout); t.IsZero() || d.Before(t) {
+				t = d
+			}
+		}
+	}
+	return t
+}
+
+// Register adds or updates an endpoint. Empty Region and Cluster are the
+// client's, empty Node is Config.Node; the endpoint is then normalized and
+// validated as the registrar would, and a validation error is returned. The
+// change is in the cache when Register returns; it reaches a registrar in
+// the background (see Flush and PendingWrites). ep is not retained.
+func (c *Client) Register(ep *registryv1.ServiceEndpoint) error {
+	if ep == nil {
+		return errors.New("client: register: endpoint must be set")
+	}
+	in := proto.Clone(ep).(*registryv1.ServiceEndpoint)
+	if in.Region == "" {
+		in.Region = c.cfg.Region
+	}
+	if in.Cluster == "" {
+		in.Cluster = c.cfg.Cluster
+	}
+	if in.Node == "" {
+		in.Node = c.cfg.Node
+	}
+	if err := c.checkOrigin(in.Region, in.Cluster, "endpoint."); err != nil {
+		return fmt.Errorf("client: register: %w", err)
+	}
+	norm, err := registry.NormalizeEndpoint(in, registry.DefaultLimits)
+	if err != nil {
+		return fmt.Errorf("client: register: %w", err)
+	}
+	return c.enqueue(registry.IDOf(norm), opRegister, norm)
+}
+
+// Unregister removes an endpoint (empty Region and Cluster are the
+// client's). Like Register it is applied to the cache at once and sent in
+// the background; an endpoint the registrar does not know counts as removed.
+func (c *Client) Unregister(id registry.EndpointID) error {
+	id, err := c.normalizeID(id)
+	if err != nil {
+		return fmt.Errorf("client: unregister: %w", err)
+	}
+	return c.enqueue(id, opUnregister, nil)
+}
+
+// Drain marks an endpoint DRAINING (empty Region and Cluster are the
+// client's), at once in the cache and in the background at the registrar.
+// Draining an endpoint the registrar does not know is a permanent error:
+// it is logged and counted as dropped.
+func (c *Client) Drain(id registry.EndpointID) error {
+	id, err := c.normalizeID(id)
+	if err != nil {
+		return fmt.Errorf("client: drain: %w", err)
+	}
+	return c.enqueue(id, opDrain, nil)
+}
+
+// PendingWrites counts the endpoints whose latest write no registrar has
+// acknowledged yet.
+func (c *Client) PendingWrites() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, w := range c.st.writes {
+		if w.unacked() {
+			n++
+		}
+	}
+	return n
+}
+
+// Flush waits until every write made before the call has been acknowledged
+// by a registrar (or superseded by a later write to the same endpoint that
+// was, or dropped as permanently rejected), or ctx ends. Writes made during
+// the wait do not extend it.
+func (c *Client) Flush(ctx context.Context) error {
+	c.mu.Lock()
+	target := c.st.writeSeq
+	c.mu.Unlock()
+	for {
+		c.mu.Lock()
+		pending := 0
+		for _, w := range c.st.writes {
+			if w.unacked() && w.since <= target {
+				pending++
+			}
+		}
+		changed := c.acked
+		c.mu.Unlock()
+		if pending == 0 {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("client: flush: %d writes not acknowledged yet: %w", pending, ctx.Err())
+		case <-c.ctx.Done():
+			return ErrClosed
+		}
+	}
+}
+
+// checkOrigin refuses an origin other than the client's: the registrar would
+// refuse it too, and its identity would not be the one the cache expects.
+func (c *Client) checkOrigin(region, cluster, field string) error {
+	if region != c.cfg.Region {
+		return &registry.FieldError{Field: field + "region", Reason: fmt.Sprintf("%q is not this client's region %q (Config.Region)", region, c.cfg.Region)}
+	}
+	if cluster != c.cfg.Cluster {
+		return &registry.FieldError{Field: field + "cluster", Reason: fmt.Sprintf("%q is not this client's cluster %q (Config.Cluster)", cluster, c.cfg.Cluster)}
+	}
+	return nil
+}
+
+// normalizeID fills in the client's origin and the canonical IP, so the
+// identity matches the cache's and the registrar's.
+func (c *Client) normalizeID(id registry.EndpointID) (registry.EndpointID, error) {
+	if id.Region == "" {
+		id.Region = c.cfg.Region
+	}
+	if id.Cluster == "" {
+		id.Cluster = c.cfg.Cluster
+	}
+	if err := c.checkOrigin(id.Region, id.Cluster, ""); err != nil {
+		return id, err
+	}
+	ip, err := registry.CanonicalIP(id.IP)
+	if err != nil {
+		return id, &registry.FieldError{Field: "ip", Reason: err.Error()}
+	}
+	id.IP = ip
+	if err := id.Validate(); err != nil {
+		return id, err
+	}
+	return id, nil
+}
+
+// enqueue records an intent, applies it to the cache and wakes the writer.
+func (c *Client) enqueue(id registry.EndpointID, op opKind, ep *registryv1.ServiceEndpoint) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ctx.Err() != nil {
+		return ErrClosed
+	}
+	c.st.intend(id, op, ep)
+	c.st.recompute(id)
+	c.commitLocked()
+	select {
+	case c.writeKick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// writeReq is what the writer sends: a copy of one intent.
+type writeReq struct {
+	id  registry.EndpointID
+	op  opKind
+	ep  *registryv1.ServiceEndpoint
+	gen uint64
+}
+
+// runWriter sends queued writes one at a time, in order. One at a time is
+// enough for an agent's handful of endpoints and keeps the order trivially
+// right; coalescing means a burst of intents for one endpoint costs one RPC.
+func (c *Client) runWriter(ctx context.Context) {
+	defer c.wg.Done()
+	attempt := 0
+	for {
+		req, ok := c.nextWrite(ctx)
+		if !ok {
+			return
+		}
+		ver, stored, err := c.sendWrite(ctx, req)
+		if ctx.Err() != nil {
+			return // closing: the write stays unacknowledged and Close reports it
+		}
+		if !c.finishWrite(req, ver, stored, err) {
+			attempt = 0
+			continue
+		}
+		d := c.backoff(attempt)
+		lvl := c.log.Debug
+		if attempt == 0 {
+			lvl = c.log.Warn
+		}
+		lvl("write not acknowledged; retrying", "op", req.op, "endpoint", req.id, "err", err, "in", d, "attempt", attempt+1)
+		attempt++
+		// A stream that syncs proves a registrar is reachable again: retry
+		// at once instead of sitting out the rest of the backoff.
+		if !sleep(ctx, d, c.syncKick) {
+			if ctx.Err() != nil {
+				return
+			}
+			attempt = 0
+		}
+	}
+}
+
+// nextWrite takes the head of the queue, waiting for one; meanwhile it
+// retires acknowledged writes whose settle timeout passed.
+func (c *Client) nextWrite(ctx context.Context) (writeReq, bool) {
+	for {
+		c.mu.Lock()
+		for len(c.st.queue) > 0 {
+			id := c.st.queue[0]
+			c.st.queue = c.st.queue[1:]
+			w := c.st.writes[id]
+			if w == nil || w.state != writeQueued {
+				continue // defensive: the queue only holds queued writes
+			}
+			w.state = writeInflight
+			c.mu.Unlock()
+			return writeReq{id: id, op: w.op, ep: w.ep, gen: w.gen}, true
+		}
+		due := c.st.nextSettle()
+		c.mu.Unlock()
+
+		var timer *time.Timer
+		var timeout <-chan time.Time
+		if !due.IsZero() {
+			timer = time.NewTimer(max(time.Until(due), 0))
+			timeout = timer.C
+		}
+		select {
+		case <-ctx.Done():
+		case <-c.writeKick:
+		case <-timeout:
+			c.mu.Lock()
+			c.st.settle(time.Now())
+			c.commitLocked()
+			c.mu.Unlock()
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			return writeReq{}, false
+		}
+	}
+}
+
+// sendWrite performs one write RPC against the current registrar.
+func (c *Client) sendWrite(ctx context.Context, req writeReq) (version string, stored *registryv1.ServiceEndpoint, err error) {
+	idx := c.current()
+	rpc := c.rpc[idx]
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+	defer cancel()
+	switch req.op {
+	case opRegister:
+		var resp *registrarv1.RegisterEndpointResponse
+		if resp, err = rpc.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: req.ep}); err == nil {
+			version, stored = resp.GetVersion(), resp.GetEndpoint()
+		}
+	case opUnregister:
+		var resp *registrarv1.UnregisterEndpointResponse
+		if resp, err = rpc.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{
+			Service: req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
+		}); err == nil {
+			version = resp.GetVersion()
+		}
+	case opDrain:
+		var resp *registrarv1.DrainEndpointResponse
+		if resp, err = rpc.DrainEndpoint(ctx, &registrarv1.DrainEndpointRequest{
+			Service: req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
+		}); err == nil {
+			version = resp.GetVersion()
+		}
+	}
+	if err != nil {
+		err = fmt.Errorf("%s %s at %s: %w", req.op, req.id, c.cfg.Addrs[idx], err)
+	}
+	return version, stored, err
+}
+
+// permanent reports whether a registrar's answer means that retrying the
+// same write can never succeed. Everything else (Unavailable, deadline,
+// ResourceExhausted from a full write queue, Internal, Unauthenticated while
+// credentials rotate...) is retried.
+func permanent(code codes.Code, op opKind) bool {
+	switch code {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.FailedPrecondition, codes.Unimplemented, codes.OutOfRange:
+		return true
+	case codes.NotFound:
+		return op == opDrain
+	}
+	return false
+}
+
+// finishWrite records the outcome of an RPC and reports whether to back off
+// and retry.
+func (c *Client) finishWrite(req writeReq, ver string, stored *registryv1.ServiceEndpoint, err error) (retry bool) {
+	code := status.Code(err)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.st
+	w := s.writes[req.id] // in flight, so nothing else removed it
+	current := w.gen == req.gen
+	switch {
+	case err == nil || (code == codes.NotFound && req.op == opUnregister):
+		if !current {
+			s.requeueFront(w) // a newer intent arrived meanwhile
+			break
+		}
+		w.state, w.ackedAt = writeAcked, time.Now()
+		if e, n, ok := parseToken(ver); ok {
+			w.ackEpoch, w.ackSeq = e, n
+		}
+		if stored != nil && registry.SameAttributes(stored, w.ep) {
+			w.ep = stored // the registrar's copy carries the timestamps
+		}
+		s.recompute(req.id)
+		s.settle(w.ackedAt)
+	case permanent(code, req.op):
+		if !current {
+			s.requeueFront(w)
+			break
+		}
+		delete(s.writes, req.id)
+		s.recompute(req.id)
+		c.metrics.dropped.Inc()
+		c.log.Error("write rejected by the registrar; dropped", "op", req.op, "endpoint", req.id, "code", code, "err", err)
+	default:
+		s.requeueFront(w)
+		retry = true
+	}
+	c.commitLocked()
+	if !retry {
+		close(c.acked)
+		c.acked = make(chan struct{})
+	}
+	return retry
+}

@@ -1,0 +1,143 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spf13/cobra"
+
+	"github.com/aethermesh/aether/agent"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registry"
+)
+
+func newAgentCmd() *cobra.Command {
+	var (
+		cfg                 agent.Config
+		registrars          []string
+		endpoints, labels   []string
+		httpAddr            string
+		logLevel, logFormat string
+	)
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run the node agent: announce this node and keep its endpoints registered",
+		Long: `Run the node agent, one per node or appliance. It announces the node
+(name, site, region, cluster, address, offered services, a health summary
+and labels), keeps that record alive with heartbeats through any of the
+given registrars, and keeps its endpoints registered.
+
+Endpoints come from repeatable --endpoint flags and/or --endpoints-file, one
+"service=ip:port[/protocol]" per line (# comments allowed), re-read when it
+changes. An endpoint dropped from the file is drained, then removed after
+--drain-period.
+
+If the agent stops (killed or partitioned away), the node and its endpoints
+disappear once the registrar's --node-ttl passes. On SIGTERM the agent
+drains its endpoints, waits --drain-period, deregisters them, removes the
+node record and exits 0.`,
+		Example: `  aether agent --node node-a --zone z1 --registrar 10.0.0.10:9443,10.0.0.11:9443 \
+    --endpoint web=10.0.1.5:8080/http --endpoint api=10.0.1.5:9090/grpc`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(cmd.ErrOrStderr(), logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			cfg.Logger = log
+			for _, r := range registrars {
+				if r = strings.TrimSpace(r); r != "" {
+					if _, _, err := net.SplitHostPort(r); err != nil {
+						return fmt.Errorf("--registrar %q: %v (expected host:port)", r, err)
+					}
+					cfg.Registrars = append(cfg.Registrars, r)
+				}
+			}
+			if cfg.Node == "" {
+				return errors.New("--node is required: the name this node is registered under")
+			}
+			for _, spec := range endpoints {
+				ep, err := agent.ParseEndpoint(spec)
+				if err != nil {
+					return fmt.Errorf("--endpoint %w", err)
+				}
+				cfg.Endpoints = append(cfg.Endpoints, ep)
+			}
+			if cfg.Labels, err = parseLabels(labels); err != nil {
+				return err
+			}
+			for flag, v := range map[string]string{"--zone": cfg.Zone, "--region": cfg.Region, "--cluster": cfg.Cluster} {
+				if v != "" {
+					if err := registry.ValidateName(flag, v); err != nil {
+						return err
+					}
+				}
+			}
+			if cfg.Address != "" {
+				if cfg.Address, err = registry.CanonicalIP(cfg.Address); err != nil {
+					return fmt.Errorf("--address: %w", err)
+				}
+			}
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			cfg.Registerer = reg
+			a, err := agent.New(cfg)
+			if err != nil {
+				return err
+			}
+			if httpAddr != "" {
+				lis, err := net.Listen("tcp", httpAddr)
+				if err != nil {
+					return fmt.Errorf("--http-addr %s: %w (choose a free address)", httpAddr, err)
+				}
+				mux := http.NewServeMux()
+				mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+				mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+				srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+				go func() { _ = srv.Serve(lis) }()
+				defer srv.Close()
+			}
+			return a.Run(cmd.Context())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Node, "node", "", "node name (required)")
+	f.StringVar(&cfg.Zone, "zone", "", "the node's site (availability zone)")
+	f.StringVar(&cfg.Region, "region", "default", "the node's region (must match its registrars')")
+	f.StringVar(&cfg.Cluster, "cluster", "default", "the node's cluster (must match its registrars' --cluster-name)")
+	f.StringVar(&cfg.Address, "address", "", "the node's own IP address")
+	f.StringSliceVar(&registrars, "registrar", []string{"127.0.0.1:9443"}, "registrar addresses, comma separated; the agent fails over between them")
+	f.StringArrayVar(&endpoints, "endpoint", nil, "endpoint to keep registered: service=ip:port[/protocol] (repeatable)")
+	f.StringVar(&cfg.EndpointsFile, "endpoints-file", "", "file with one service=ip:port[/protocol] per line, re-read when it changes")
+	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
+	f.DurationVar(&cfg.DrainPeriod, "drain-period", 5*time.Second, "how long endpoints stay DRAINING before they are removed")
+	f.StringVar(&httpAddr, "http-addr", "", "serve /metrics and /healthz here (off when empty)")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	return cmd
+}
+
+func parseLabels(specs []string) (map[string]string, error) {
+	if len(specs) == 0 {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, s := range specs {
+		k, v, ok := strings.Cut(s, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--label %q: expected key=value", s)
+		}
+		out[k] = v
+	}
+	if _, err := registry.NormalizeNode(&registryv1.Node{Name: "n", Region: "r", Cluster: "c", Labels: out}, registry.DefaultLimits); err != nil {
+		return nil, fmt.Errorf("--label: %w", err)
+	}
+	return out, nil
+}
