@@ -34,7 +34,7 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	r := Report{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), Machine: machine(), Command: command}
 	for _, pc := range []PropagationConfig{
-		{Changes: changes / 25, Interval: 200 * time.Millisecond}, // ~5/s, a quiet cluster: no batching delay
+		{Changes: changes / 25, Interval: 200 * time.Millisecond},                                // ~5/s, a quiet cluster: no batching delay
 		{Changes: changes, Interval: 2 * time.Millisecond},                                       // ~400/s, default batching
 		{Changes: changes / 5, Interval: 10 * time.Millisecond},                                  // ~100/s, the design churn
 		{Changes: changes, Interval: 2 * time.Millisecond, BatchInterval: 10 * time.Millisecond}, // ~400/s, short batching
