@@ -36,6 +36,8 @@ func TestResumeAfterRegistrarRestartDeliversExactlyTheMissedChanges(t *testing.T
 	waitSynced(t, c)
 	waitFor(t, "the initial endpoints reported", 5*time.Second, func() bool { return rec.len() == 4 })
 	mark := rec.len()
+	// B learns A's writes through etcd; it must know them to change them.
+	waitFor(t, "B synced with A's writes", 10*time.Second, func() bool { return len(list(t, cb)) == 4 })
 
 	a.stop(t)
 	waitFor(t, "client disconnected", 5*time.Second, func() bool { return !c.Connected() })
@@ -49,7 +51,7 @@ func TestResumeAfterRegistrarRestartDeliversExactlyTheMissedChanges(t *testing.T
 	startRegistrar(t, etcd, addrA)
 	want := list(t, cb)
 	waitFor(t, "client resynced with the restarted registrar", 10*time.Second, func() bool {
-		return c.Connected() && sameEndpoints(allOf(t, c), want)
+		return c.Connected() && sameEndpoints(allOf(t, c), want) && quiet(c)
 	})
 	got := rec.since(mark)
 	if exp := sorted("ADDED web 10.0.0.4", "ADDED db 10.0.1.2", "UPDATED web 10.0.0.2", "REMOVED web 10.0.0.3"); !slices.Equal(got, exp) {
@@ -89,14 +91,21 @@ func TestResumeWithinWindowDeliversMissedEventsWithoutSnapshot(t *testing.T) {
 	register(t, ca, ep("web", "10.0.0.3", 80))
 	register(t, ca, ep("web", "10.0.0.1", 81))
 	unregister(t, ca, "web", "10.0.0.2")
-	register(t, ca, ep("db", "10.0.1.2", 5432)) // not subscribed: must not show
+	register(t, ca, ep("db", "10.0.1.2", 5432)) // not subscribed yet: no event for it
+	// Subscribing while disconnected: the stream resumes with the services
+	// the cache holds, and db comes as a SERVICES_SNAPSHOT, not as a
+	// partial history.
+	if err := c.Subscribe("db"); err != nil {
+		t.Fatal(err)
+	}
 	proxy.Heal()
 
-	want := list(t, ca, "web")
+	want := list(t, ca, "web", "db")
 	waitFor(t, "client resumed", 10*time.Second, func() bool {
-		return c.Connected() && sameEndpoints(endpointsOf(t, c, "web"), want)
+		return c.Connected() && cached(c, "db") && sameEndpoints(allOf(t, c), want) && quiet(c)
 	})
-	if got, exp := rec.since(mark), sorted("ADDED web 10.0.0.3", "UPDATED web 10.0.0.1", "REMOVED web 10.0.0.2"); !slices.Equal(got, exp) {
+	exp := sorted("ADDED web 10.0.0.3", "UPDATED web 10.0.0.1", "REMOVED web 10.0.0.2", "ADDED db 10.0.1.1", "ADDED db 10.0.1.2")
+	if got := rec.since(mark); !slices.Equal(got, exp) {
 		t.Fatalf("OnChange after the resume got\n  %v\nwant exactly\n  %v", got, exp)
 	}
 	if n := c.stats.fullSnapshots.Load(); n != 1 {
@@ -105,8 +114,44 @@ func TestResumeWithinWindowDeliversMissedEventsWithoutSnapshot(t *testing.T) {
 	if n := c.stats.resumes.Load(); n < 1 {
 		t.Fatal("no stream resumed")
 	}
-	if got := ips(allOf(t, c)); !slices.Equal(got, []string{"web 10.0.0.1", "web 10.0.0.3"}) {
+	if got := ips(allOf(t, c)); !slices.Equal(got, []string{"db 10.0.1.1", "db 10.0.1.2", "web 10.0.0.1", "web 10.0.0.3"}) {
 		t.Fatalf("AllEndpoints = %v", got)
+	}
+}
+
+// A resume token the registrar refuses (InvalidArgument) is dropped rather
+// than retried forever; the stream starts over with a snapshot, diffed
+// against the cache.
+func TestRefusedResumeTokenFallsBackToSnapshot(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	a := startRegistrar(t, etcd, "")
+	ca := dial(t, a.GRPCAddr())
+	register(t, ca, ep("web", "10.0.0.1", 80))
+	proxy, err := faultproxy.Start(a.GRPCAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = proxy.Close() })
+	rec := &recorder{}
+	c := newClient(t, Config{Addrs: []string{proxy.Addr()}, OnChange: rec.record})
+	waitSynced(t, c)
+	waitFor(t, "initial endpoint reported", 5*time.Second, func() bool { return rec.len() == 1 })
+
+	proxy.Cut()
+	waitFor(t, "client disconnected", 5*time.Second, func() bool { return !c.Connected() })
+	c.mu.Lock()
+	c.st.setVersion("not a version token")
+	c.mu.Unlock()
+	register(t, ca, ep("web", "10.0.0.2", 80))
+	proxy.Heal()
+	waitFor(t, "client resynced", 10*time.Second, func() bool {
+		return c.Connected() && len(endpointsOf(t, c, "web")) == 2 && quiet(c)
+	})
+	if got := rec.since(1); !slices.Equal(got, []string{"ADDED web 10.0.0.2"}) {
+		t.Fatalf("OnChange = %v", got)
+	}
+	if n := c.stats.fullSnapshots.Load(); n != 2 {
+		t.Fatalf("%d full snapshots, want 2", n)
 	}
 }
 
@@ -215,7 +260,7 @@ func TestOptimisticWritesWhileDisconnectedReachEtcd(t *testing.T) {
 		removed, err2 := cli.Get(ctx, keyOf("web", "10.0.0.1"))
 		return err1 == nil && err2 == nil && len(added.Kvs) == 1 && len(removed.Kvs) == 0
 	})
-	waitFor(t, "stream caught up with the writes", 10*time.Second, func() bool { return c.Connected() && settled(c) })
+	waitFor(t, "stream caught up with the writes", 10*time.Second, func() bool { return c.Connected() && settled(c) && quiet(c) })
 	if got := ips(endpointsOf(t, c, "web")); !slices.Equal(got, []string{"web 10.0.0.9"}) {
 		t.Fatalf("after reconnecting: %v", got)
 	}
@@ -273,7 +318,7 @@ func TestSubscribeAndUnsubscribeOnTheLiveStream(t *testing.T) {
 	// event after it proves the stream got that far.
 	register(t, ca, ep("web", "10.0.0.5", 80))
 	register(t, ca, ep("db", "10.0.1.4", 5432))
-	waitFor(t, "db event after the web one", 5*time.Second, func() bool { return len(endpointsOf(t, c, "db")) == 4 })
+	waitFor(t, "db event after the web one", 5*time.Second, func() bool { return len(endpointsOf(t, c, "db")) == 4 && quiet(c) })
 	exp := sorted("ADDED db 10.0.1.1", "ADDED db 10.0.1.2", "ADDED db 10.0.1.3", "ADDED db 10.0.1.4", "REMOVED web 10.0.0.1", "REMOVED web 10.0.0.2")
 	if got := rec.since(mark); !slices.Equal(got, exp) {
 		t.Fatalf("OnChange got\n  %v\nwant\n  %v", got, exp)

@@ -36,8 +36,11 @@
 //     neither a snapshot nor the gap between an acknowledgement and its
 //     event ever reverts the agent's own write.
 //   - OnChange is called from one goroutine, in order, with exactly the
-//     changes of what Endpoints and AllEndpoints return: a consumer that
-//     applies every Change holds the same set as the cache. In particular a
+//     changes of the cache (the watched services, the agent's own writes
+//     included): a consumer that applies every Change holds what
+//     AllEndpoints returns once synced. Subscribing reports the new
+//     service's endpoints as added, unsubscribing reports them removed, and
+//     a write the registrar rejects is reported reverted. In particular a
 //     FULL_SNAPSHOT after a reconnect is diffed against the cache, so a
 //     consumer sees the changes it missed and nothing else, even when the
 //     registrar restarted (new epoch) and could not resume the stream.

@@ -318,3 +318,7 @@ func settled(c *Client) bool {
 	defer c.mu.Unlock()
 	return len(c.st.writes) == 0
 }
+
+// quiet reports whether OnChange has been called with every change the
+// client committed so far, so a recorder can be compared exactly.
+func quiet(c *Client) bool { return c.notify == nil || c.notify.idle() }

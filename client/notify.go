@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 )
 
 // notifier calls OnChange from one goroutine, in the order changes were
@@ -14,6 +15,10 @@ type notifier struct {
 
 	mu sync.Mutex
 	q  []Change
+
+	// queued and delivered count changes, so a caller can tell when every
+	// committed change has been delivered (idle).
+	queued, delivered atomic.Int64
 }
 
 func newNotifier(fn func(Change)) *notifier {
@@ -24,6 +29,7 @@ func newNotifier(fn func(Change)) *notifier {
 func (n *notifier) push(chs []Change) {
 	n.mu.Lock()
 	n.q = append(n.q, chs...)
+	n.queued.Add(int64(len(chs)))
 	n.mu.Unlock()
 	select {
 	case n.wake <- struct{}{}:
@@ -52,7 +58,11 @@ func (n *notifier) run(ctx context.Context) {
 					return
 				}
 				n.fn(ch)
+				n.delivered.Add(1)
 			}
 		}
 	}
 }
+
+// idle reports whether every change queued so far has been delivered.
+func (n *notifier) idle() bool { return n.delivered.Load() == n.queued.Load() }

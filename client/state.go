@@ -103,9 +103,14 @@ func (s *state) recompute(id registry.EndpointID) {
 	if !s.cached(svc) {
 		return
 	}
-	cur := s.auth[svc][id]
+	a := s.auth[svc][id]
+	cur := a
 	if w := s.writes[id]; w != nil {
-		cur = w.apply(cur)
+		// A write that asks for what the registrar already has shows the
+		// registrar's copy, timestamps included.
+		if cur = w.apply(a); cur != nil && a != nil && cur != a && registry.SameAttributes(cur, a) {
+			cur = a
+		}
 	}
 	m := s.eff[svc]
 	old := m[id]
@@ -258,6 +263,10 @@ func (s *state) setVersion(v string) {
 	s.version = v
 	s.epoch, s.seq, _ = parseToken(v)
 }
+
+// forgetVersion drops the resume token: the next stream starts with a
+// snapshot.
+func (s *state) forgetVersion() { s.version, s.epoch, s.seq = "", "", 0 }
 
 // parseToken splits a version token "<epoch>:<sequence>". The proto calls
 // tokens opaque; the client reads them only to tell when the stream has

@@ -10,14 +10,16 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 )
 
 // maxBatch bounds how many received messages are applied, and published, as
-// one cache update. Folding a burst into one publication keeps the cost of
-// copy-on-write per message, not per event.
+// one cache update. Folding a burst into one publication pays the
+// copy-on-write of the view once per burst rather than once per event.
 const maxBatch = 256
 
 type subscribeStream = grpc.BidiStreamingClient[registrarv1.SubscribeRequest, registrarv1.EndpointEvent]
@@ -39,6 +41,17 @@ func (c *Client) runStream(ctx context.Context) {
 		c.markStale()
 		if ctx.Err() != nil {
 			return
+		}
+		if status.Code(err) == codes.InvalidArgument {
+			// The registrar refused the start, and the only part of it not
+			// validated here is the resume token. Retrying it would fail
+			// forever; without it the stream starts with a snapshot, which
+			// is diffed against the cache like any other.
+			c.mu.Lock()
+			tok := c.st.version
+			c.st.forgetVersion()
+			c.mu.Unlock()
+			c.log.Warn("registrar refused the stream; starting over without the resume token", "addr", c.cfg.Addrs[idx], "token", tok, "err", err)
 		}
 		if synced {
 			attempt = 0

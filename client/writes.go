@@ -140,16 +140,24 @@ func (s *state) authMatches(w *write) bool {
 	return a == nil
 }
 
-// settle retires acknowledged writes the stream has caught up with: it has
-// delivered the write's version (same registrar incarnation), or shows the
-// written state, or settleTimeout has passed.
+// settle retires acknowledged writes the stream has caught up with. When
+// the write and the stream are on the same registrar incarnation, that is
+// when the stream has delivered the write's version: the state alone could
+// match an older write of the agent's and bring a stale one back. Otherwise
+// it is when the stream shows the written state. Either way settleTimeout
+// bounds the wait.
 func (s *state) settle(now time.Time) {
 	for id, w := range s.writes {
 		if w.state != writeAcked {
 			continue
 		}
-		if (w.ackEpoch != "" && w.ackEpoch == s.epoch && s.seq >= w.ackSeq) ||
-			s.authMatches(w) || now.Sub(w.ackedAt) >= settleTimeout {
+		var caughtUp bool
+		if w.ackEpoch != "" && w.ackEpoch == s.epoch {
+			caughtUp = s.seq >= w.ackSeq
+		} else {
+			caughtUp = s.authMatches(w)
+		}
+		if caughtUp || now.Sub(w.ackedAt) >= settleTimeout {
 			delete(s.writes, id)
 			s.recompute(id)
 		}
@@ -477,7 +485,6 @@ func (c *Client) finishWrite(req writeReq, ver string, stored *registryv1.Servic
 			w.ep = stored // the registrar's copy carries the timestamps
 		}
 		s.recompute(req.id)
-		s.settle(w.ackedAt)
 	case permanent(code, req.op):
 		if !current {
 			s.requeueFront(w)
@@ -491,6 +498,7 @@ func (c *Client) finishWrite(req writeReq, ver string, stored *registryv1.Servic
 		s.requeueFront(w)
 		retry = true
 	}
+	s.settle(time.Now())
 	c.commitLocked()
 	if !retry {
 		close(c.acked)
