@@ -24,6 +24,7 @@ type Report struct {
 	Command     string              `json:"command"`
 	Propagation []PropagationResult `json:"propagation"`
 	Writes      []WritesResult      `json:"writes"`
+	CacheRead   CacheReadResult     `json:"client_cache_read"`
 }
 
 // Run runs every scenario in turn, printing progress to w.
@@ -61,6 +62,12 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 			res.WriteBehindPS, res.AckPS, res.EtcdTxns, res.DirectPutPS, res.Registrations, res.Speedup)
 		r.Writes = append(r.Writes, res)
 	}
+	fmt.Fprintf(w, "client cache read: 20 services x 10 endpoints, Client.Endpoints on one...\n")
+	var err error
+	if r.CacheRead, err = CacheRead(ctx, 20, 10); err != nil {
+		return r, fmt.Errorf("cache read: %w", err)
+	}
+	fmt.Fprintf(w, "  %.1f ns/read (%d allocs), %.1f ns/read on all cores\n", r.CacheRead.NsPerRead, r.CacheRead.AllocsPerOp, r.CacheRead.ParallelNsOp)
 	return r, nil
 }
 
@@ -103,6 +110,9 @@ func (r Report) Markdown() string {
 	for _, w := range r.Writes {
 		fmt.Fprintf(&b, "| %d | %d | %.0f/s | %.0f/s | %.0f/s | %.1f× | %d / %d |\n", w.Concurrency, w.Registrations, w.WriteBehindPS, w.AckPS, w.DirectPutPS, w.Speedup, w.EtcdTxns, w.Registrations)
 	}
+	cr := r.CacheRead
+	fmt.Fprintf(&b, "\n**Agent cache read.** `client.Client.Endpoints` for one service on a client synced to a real registrar holding %d services × %d endpoints: **%.1f ns** per read (%d allocations); %.1f ns per read with every core reading. The Go benchmark `go test -run x -bench EndpointsCacheHit ./client/` measures the same.\n",
+		cr.Services, cr.PerService, cr.NsPerRead, cr.AllocsPerOp, cr.ParallelNsOp)
 	fmt.Fprintf(&b, "%s\n", endMark)
 	return b.String()
 }
