@@ -3,11 +3,14 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
-	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -181,25 +184,39 @@ func TestListLocalityFlagErrors(t *testing.T) {
 	}
 }
 
-func TestListLocalityAgainstFake(t *testing.T) {
+func TestListLocalityAgainstRegistrar(t *testing.T) {
 	t.Parallel()
-	addr := serveFake(t, &fakeRegistrar{list: func(*registrarv1.ListAllEndpointsRequest) (*registrarv1.ListAllEndpointsResponse, error) {
-		return &registrarv1.ListAllEndpointsResponse{Endpoints: localityFixture(), Version: "e:9"}, nil
-	}})
+	etcd := etcdtest.Start(t)
+	// The registrar of eu/c1 holds fixture() and web 10.0.0.11; web 10.1.0.1
+	// belongs to cluster c7 of region us, so its own registrar writes it and
+	// eu's learns of it through etcd, as in production.
+	eps := localityFixture()
+	eu := startRegistrar(t, etcd)
+	us := startRegistrar(t, etcd, func(o *registrar.Options) { o.Region, o.ClusterName = "us", "c7" })
+	us.register(t, eps[4])
+	eu.register(t, append(eps[:4:4], eps[5])...)
+	waitFor(t, "eu's registrar lists us's endpoint", 10*time.Second, func() bool {
+		all, _ := eu.list(t)
+		return len(all) == 6
+	})
 
-	res := runCLI(t, nil, nil, "list", "--registrar", addr, "--from-region", "eu", "--from-zone", "eu-1a")
+	res := runCLI(t, nil, nil, "list", "--registrar", eu.addr(), "--from-region", "eu", "--from-zone", "eu-1a")
 	if res.err != nil {
 		t.Fatal(res.err)
 	}
-	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
-	if len(lines) != 6 || !strings.HasPrefix(lines[0], "PRIORITY  SERVICE") ||
-		!strings.HasPrefix(lines[1], "0         web      http      10.0.0.11") ||
-		!strings.HasPrefix(lines[5], "2         web      http      10.1.0.1") {
-		t.Errorf("table:\n%s", res.stdout)
+	want := `PRIORITY  SERVICE  PROTOCOL  IP           PORTS                 NODE  CLUSTER  REGION  ZONE   STATE    WEIGHT
+0         web      http      10.0.0.11    http:8080             n3    c1       eu      eu-1a  SERVING  2
+1         api      grpc      2001:db8::1  admin:9091,grpc:9090  -     c1       eu      -      SERVING  3
+1         web      grpc      10.0.0.9     grpc:9090             -     c1       eu      -      SERVING  1
+1         web      http      10.0.0.9     http:8080             n1    c1       eu      eu-1b  SERVING  1
+2         web      http      10.1.0.1     http:8080             n9    c7       us      eu-1a  SERVING  1
+`
+	if res.stdout != want {
+		t.Errorf("table:\n%s\nwant:\n%s", res.stdout, want)
 	}
 
 	// From the environment, as JSON.
-	res = runCLI(t, nil, map[string]string{"AETHER_FROM_REGION": "eu", "AETHER_OUTPUT": "json"}, "list", "--registrar", addr)
+	res = runCLI(t, nil, map[string]string{"AETHER_FROM_REGION": "eu", "AETHER_OUTPUT": "json"}, "list", "--registrar", eu.addr())
 	if res.err != nil {
 		t.Fatal(res.err)
 	}
@@ -210,7 +227,8 @@ func TestListLocalityAgainstFake(t *testing.T) {
 		Endpoints  []struct {
 			Priority *int `json:"priority"`
 			Endpoint struct {
-				IP string `json:"ip"`
+				IP      string `json:"ip"`
+				Cluster string `json:"cluster"`
 			} `json:"endpoint"`
 		} `json:"endpoints"`
 	}
@@ -222,15 +240,16 @@ func TestListLocalityAgainstFake(t *testing.T) {
 		if e.Priority == nil {
 			t.Fatalf("endpoint without priority:\n%s", res.stdout)
 		}
-		got = append(got, string(rune('0'+*e.Priority))+"@"+e.Endpoint.IP)
+		got = append(got, fmt.Sprintf("%d@%s/%s", *e.Priority, e.Endpoint.Cluster, e.Endpoint.IP))
 	}
-	want := "0@2001:db8::1 0@10.0.0.9 0@10.0.0.9 0@10.0.0.11 2@10.1.0.1"
-	if doc.Version != "e:9" || doc.FromRegion != "eu" || doc.FromZone != nil || strings.Join(got, " ") != want {
-		t.Errorf("json: version %q region %q, endpoints %s, want %s\n%s", doc.Version, doc.FromRegion, strings.Join(got, " "), want, res.stdout)
+	_, version := eu.list(t)
+	wantEPs := "0@c1/2001:db8::1 0@c1/10.0.0.9 0@c1/10.0.0.9 0@c1/10.0.0.11 2@c7/10.1.0.1"
+	if doc.Version != version || doc.FromRegion != "eu" || doc.FromZone != nil || strings.Join(got, " ") != wantEPs {
+		t.Errorf("json: version %q region %q, endpoints %s\nwant version %q, endpoints %s\n%s", doc.Version, doc.FromRegion, strings.Join(got, " "), version, wantEPs, res.stdout)
 	}
 
 	// Without the flags, list is unchanged: every endpoint, no priority.
-	res = runCLI(t, nil, nil, "list", "--registrar", addr, "-o", "json")
+	res = runCLI(t, nil, nil, "list", "--registrar", eu.addr(), "-o", "json")
 	if res.err != nil || strings.Contains(res.stdout, "priority") || strings.Count(res.stdout, `"service"`) != 6 {
 		t.Errorf("plain list: %v\n%s", res.err, res.stdout)
 	}

@@ -1,0 +1,61 @@
+package cli
+
+import "testing"
+
+// TestAgentFlagErrors checks that bad agent flags fail before the agent
+// dials any registrar.
+func TestAgentFlagErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing node", nil, "--node is required: the name this node is registered under"},
+		{"bad node", []string{"--node", "-n1"}, `--node "-n1" must start and end with a letter or digit`},
+		{"endpoint without port", []string{"--node", "n1", "--endpoint", "web=10.0.0.1"},
+			`--endpoint "web=10.0.0.1": address 10.0.0.1: missing port in address (IPv6 addresses go in brackets: [fd00::1]:8080)`},
+		{"endpoint port 0", []string{"--node", "n1", "--endpoint", "web=10.0.0.1:0"},
+			`--endpoint "web=10.0.0.1:0": port "0" is not a port number (1-65535)`},
+		{"endpoint host name", []string{"--node", "n1", "--endpoint", "web=host:80"},
+			`--endpoint "web=host:80": ip "host" is not an IPv4 or IPv6 address`},
+		{"endpoint bad protocol", []string{"--node", "n1", "--endpoint", "web=10.0.0.1:80/udp"},
+			`--endpoint "web=10.0.0.1:80/udp": unknown protocol "udp" (use one of http, h2c, grpc, tcp)`},
+		{"second endpoint bad", []string{"--node", "n1", "--endpoint", "web=10.0.0.1:80", "--endpoint", "api=[fd00::1]:9090/grpc", "--endpoint", "db"},
+			`--endpoint "db": expected service=ip:port[/protocol], e.g. web=10.0.0.1:8080/http`},
+		{"endpoint twice", []string{"--node", "n1", "--endpoint", "web=10.0.0.1:80", "--endpoint", "web=10.0.0.1:8080/http"},
+			"endpoint /aether/v1/regions/default/clusters/default/services/web/protocols/http1/endpoints/10.0.0.1 is given twice"},
+		{"label without value", []string{"--node", "n1", "--label", "rack"}, `--label "rack": expected key=value`},
+		{"label without key", []string{"--node", "n1", "--label", "=r7"}, `--label "=r7": expected key=value`},
+		{"bad label key", []string{"--node", "n1", "--label", "rack id=r7"},
+			`--label: node.labels: key "rack id" contains " "; allowed are letters, digits, '.', '_', '-' and '/'`},
+		{"address not an ip", []string{"--node", "n1", "--address", "node-a.example"}, `--address: ip "node-a.example" is not an IPv4 or IPv6 address`},
+		{"unspecified address", []string{"--node", "n1", "--address", "0.0.0.0"}, `--address: ip "0.0.0.0" is the unspecified address; register the address peers dial`},
+		{"bad zone", []string{"--node", "n1", "--zone", "z/1"}, `--zone "z/1" must not contain '/'`},
+		{"missing endpoints file", []string{"--node", "n1", "--endpoints-file", "/nonexistent/endpoints"},
+			"--endpoints-file: open /nonexistent/endpoints: no such file or directory"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newSentinel(t)
+			args := append([]string{"agent", "--registrar", s.addr()}, tc.args...)
+			res := runCLI(t, nil, nil, args...)
+			if res.err == nil || res.err.Error() != tc.want {
+				t.Fatalf("error %v\nwant %s", res.err, tc.want)
+			}
+			if n := s.conns.Load(); n != 0 {
+				t.Errorf("%d connection(s) to the registrar; flags must be checked first", n)
+			}
+			if res.stdout != "" || res.stderr != "" {
+				t.Errorf("output on error: stdout %q, stderr %q", res.stdout, res.stderr)
+			}
+		})
+	}
+
+	// A registrar address that is not host:port fails as early.
+	res := runCLI(t, nil, nil, "agent", "--node", "n1", "--registrar", "127.0.0.1:9443,registrar-b")
+	if want := `--registrar "registrar-b": address registrar-b: missing port in address (expected host:port)`; res.err == nil || res.err.Error() != want {
+		t.Errorf("error %v\nwant %s", res.err, want)
+	}
+}
