@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -209,36 +210,64 @@ func (s *service) serveUntil(stream sender, sub *subscription, req *registrarv1.
 	}
 	log.Debug("watch started", "resumed", sub.resumed, "missed", len(sub.missed), "snapshot", len(sub.snapshot), "version", last)
 
-	ctx := stream.Context()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case err := <-stop:
-			return err
-		case <-s.r.closing:
-			return status.Errorf(codes.Unavailable, "registrar is shutting down; reconnect and resume with last_version=%q", last)
-		case <-sub.w.evicted:
-			// Whatever is still buffered was never sent; the client resumes
-			// from the last version it did receive.
-			s.r.metrics.evictions.Inc()
-			log.Warn("watch stream evicted: consumer too slow", "last_version", last, "buffer", s.r.opts.WatchBuffer)
-			return status.Errorf(codes.ResourceExhausted,
-				"watch stream evicted: the client fell %d messages behind (--watch-buffer); resume with last_version=%q",
-				s.r.opts.WatchBuffer, last)
-		case batch := <-sub.w.ch:
-			for _, ev := range batch {
-				if ev.Type == registrarv1.EndpointEvent_SERVICES_SNAPSHOT {
-					// Stored whole in the hub; chunked on the wire.
-					if err := sendSnapshot(stream, ev.Type, ev.Services, ev.Endpoints, version{epoch: sub.at.epoch, seq: ev.Sequence}); err != nil {
-						return err
+	// Events are sent from their own goroutine so that the handler can end
+	// the stream (eviction, shutdown) even while a Send is blocked on a
+	// client that stopped reading: returning ends the RPC, which releases
+	// the blocked Send. etcd's watch server does the same.
+	var lastSent atomic.Pointer[string]
+	lastSent.Store(&last)
+	done := make(chan struct{})
+	defer close(done)
+	sendErr := make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case batch := <-sub.w.ch:
+				for _, ev := range batch {
+					select {
+					case <-done:
+						return
+					default:
 					}
-				} else if err := stream.Send(ev); err != nil {
-					return err
+					var err error
+					if ev.Type == registrarv1.EndpointEvent_SERVICES_SNAPSHOT {
+						// Stored whole in the hub; chunked on the wire.
+						err = sendSnapshot(stream, ev.Type, ev.Services, ev.Endpoints, version{epoch: sub.at.epoch, seq: ev.Sequence})
+					} else {
+						err = stream.Send(ev)
+					}
+					if err != nil {
+						sendErr <- err
+						return
+					}
+					v := ev.Version
+					lastSent.Store(&v)
 				}
-				last = ev.Version
 			}
 		}
+	}()
+
+	ctx := stream.Context()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-sendErr:
+		return err
+	case err := <-stop:
+		return err
+	case <-s.r.closing:
+		return status.Errorf(codes.Unavailable, "registrar is shutting down; reconnect and resume with last_version=%q", *lastSent.Load())
+	case <-sub.w.evicted:
+		// Whatever is still buffered was never sent; the client resumes
+		// from the last version it did receive.
+		last := *lastSent.Load()
+		s.r.metrics.evictions.Inc()
+		log.Warn("watch stream evicted: consumer too slow", "last_version", last, "buffer", s.r.opts.WatchBuffer)
+		return status.Errorf(codes.ResourceExhausted,
+			"watch stream evicted: the client fell %d messages behind (--watch-buffer); resume with last_version=%q",
+			s.r.opts.WatchBuffer, last)
 	}
 }
 

@@ -135,6 +135,14 @@ func TestSlowConsumerIsCutOffAndResumes(t *testing.T) {
 		return len(fast.changes()) == n
 	})
 
+	// The stuck stream is cut off while its client still reads nothing: a
+	// Send blocked on flow control must not keep it (and its goroutine)
+	// alive until the client wakes up.
+	waitFor(t, "eviction of the stuck stream", 10*time.Second, func() bool {
+		return metricValue(t, s.HTTPAddr(), "registrar_watch_evictions_total") == 1 &&
+			metricValue(t, s.HTTPAddr(), "registrar_connected_agents") == 1
+	})
+
 	// Now drain the slow stream: it ends with RESOURCE_EXHAUSTED naming a
 	// resume version, after a prefix of the events in order.
 	var got int
