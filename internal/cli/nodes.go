@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
@@ -85,13 +87,17 @@ func writeNodesTable(w io.Writer, nodes []*registrarv1.NodeStatus) error {
 }
 
 func writeNodesJSON(w io.Writer, nodes []*registrarv1.NodeStatus) error {
-	b, err := protojson.MarshalOptions{UseProtoNames: true, Multiline: true, Indent: "  "}.Marshal(&registrarv1.ListNodesResponse{Nodes: nodes})
+	// The liveness figures are always present (0 is a real age), unlike
+	// other unset fields; and protojson's whitespace is not stable, so the
+	// document is re-indented.
+	raw, err := protojson.MarshalOptions{UseProtoNames: true, EmitDefaultValues: true}.Marshal(&registrarv1.ListNodesResponse{Nodes: nodes})
 	if err != nil {
 		return fmt.Errorf("encode nodes: %w", err)
 	}
-	if len(nodes) == 0 {
-		b = []byte(`{"nodes": []}`)
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, raw, "", "  "); err != nil {
+		return fmt.Errorf("encode nodes: %w", err)
 	}
-	_, err = fmt.Fprintf(w, "%s\n", b)
+	_, err = fmt.Fprintf(w, "%s\n", buf.Bytes())
 	return err
 }

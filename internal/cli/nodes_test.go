@@ -27,7 +27,7 @@ func TestNodesAgainstRegistrar(t *testing.T) {
 		t.Errorf("no nodes: %v, %q", res.err, res.stdout)
 	}
 	res = runCLI(t, nil, map[string]string{"AETHER_OUTPUT": "json"}, "nodes", "--registrar", r.addr())
-	if res.err != nil || res.stdout != "{\"nodes\": []}\n" {
+	if res.err != nil || res.stdout != "{\n  \"nodes\": []\n}\n" {
 		t.Errorf("no nodes, json: %v, %q", res.err, res.stdout)
 	}
 
@@ -84,6 +84,7 @@ func TestNodesAgainstRegistrar(t *testing.T) {
 	var doc struct {
 		Nodes []struct {
 			Node map[string]json.RawMessage `json:"node"`
+			Age  *float64                   `json:"last_heartbeat_age_seconds"`
 		} `json:"nodes"`
 	}
 	if err := json.Unmarshal([]byte(res.stdout), &doc); err != nil {
@@ -91,6 +92,11 @@ func TestNodesAgainstRegistrar(t *testing.T) {
 	}
 	if len(doc.Nodes) != 3 {
 		t.Fatalf("json has %d nodes:\n%s", len(doc.Nodes), res.stdout)
+	}
+	for _, n := range doc.Nodes {
+		if n.Age == nil {
+			t.Errorf("a node lacks last_heartbeat_age_seconds (0 is a real age):\n%s", res.stdout)
+		}
 	}
 	for _, k := range []string{"name", "cluster", "region", "zone", "address", "services", "health", "labels", "lease_id", "lease_ttl_seconds", "announced_at"} {
 		if _, ok := doc.Nodes[0].Node[k]; !ok {
