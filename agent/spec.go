@@ -53,8 +53,8 @@ func ParseEndpoint(spec string) (*registryv1.ServiceEndpoint, error) {
 	}, nil
 }
 
-// ReadEndpointsFile reads one endpoint spec per line; blank lines and lines
-// starting with # are ignored. Errors name the file and line.
+// ReadEndpointsFile reads one endpoint spec per line; blank lines and
+// comments (from # to the end of the line) are ignored. Errors name the file and line.
 func ReadEndpointsFile(path string) ([]*registryv1.ServiceEndpoint, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -64,8 +64,11 @@ func ReadEndpointsFile(path string) ([]*registryv1.ServiceEndpoint, error) {
 	var out []*registryv1.ServiceEndpoint
 	sc := bufio.NewScanner(f)
 	for line := 1; sc.Scan(); line++ {
-		text := strings.TrimSpace(sc.Text())
-		if text == "" || strings.HasPrefix(text, "#") {
+		text := sc.Text()
+		if i := strings.IndexByte(text, '#'); i >= 0 { // '#' appears in no valid spec
+			text = text[:i]
+		}
+		if text = strings.TrimSpace(text); text == "" {
 			continue
 		}
 		ep, err := ParseEndpoint(text)

@@ -113,7 +113,7 @@ func TestReadEndpointsFile(t *testing.T) {
 		t.Parallel()
 		path := write(t, strings.Join([]string{
 			"# endpoints of node-a",
-			"web=10.0.1.5:8080/http",
+			"web=10.0.1.5:8080/http # the web tier",
 			"",
 			"   # indented comment",
 			"\tapi=[fd00::5]:9090/grpc   ",
