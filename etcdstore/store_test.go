@@ -325,7 +325,7 @@ func TestListSkipsGarbageAndIgnoresOtherRecords(t *testing.T) {
 		garbage:    "\xff\xff not a protobuf",
 		mismatched: string(val),
 		badProto:   string(val),
-		"/aether/v1/regions/r1/clusters/c1/nodes/node-1": "a node record",
+		"/aether/v1/regions/r1/clusters/c1/nodes/node-1": "\xff not a node record",
 		"/aether/v1/regions/r1/meta":                     "x",
 		"/elsewhere/key":                                 "outside Root",
 	} {
@@ -341,17 +341,17 @@ func TestListSkipsGarbageAndIgnoresOtherRecords(t *testing.T) {
 	if len(l.Endpoints) != 2 || !sameEndpoint(l.Endpoints[0], good1) || !sameEndpoint(l.Endpoints[1], good2) {
 		t.Fatalf("endpoints = %v, want the two good ones", l.Endpoints)
 	}
-	if l.Skipped != 3 {
-		t.Fatalf("Skipped = %d, want 3 (garbage, mismatched identity, unknown protocol)", l.Skipped)
+	if l.Skipped != 4 {
+		t.Fatalf("Skipped = %d, want 4 (garbage, mismatched identity, unknown protocol, garbage node record)", l.Skipped)
 	}
 	out := logs.String()
-	for _, k := range []string{garbage, mismatched, badProto} {
+	for _, k := range []string{garbage, mismatched, badProto, "/aether/v1/regions/r1/clusters/c1/nodes/node-1"} {
 		if !strings.Contains(out, k) {
 			t.Errorf("no warning names skipped key %s", k)
 		}
 	}
-	if strings.Contains(out, "nodes/node-1") {
-		t.Error("a node record was logged; non-endpoint keys must be ignored silently")
+	if strings.Contains(out, "/aether/v1/regions/r1/meta") {
+		t.Error("a key that is neither an endpoint nor a node record was logged; other keys must be ignored silently")
 	}
 }
 

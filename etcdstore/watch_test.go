@@ -10,6 +10,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/internal/testutil/faultproxy"
 	"github.com/aethermesh/aether/registry"
@@ -100,15 +101,26 @@ func TestWatchSkipsOtherRecordsAndTurnsGarbageIntoRemoval(t *testing.T) {
 	start := mustApply(t, s, put(a))
 	w := startWatch(t, s, start)
 
-	// A node record under Root: no event, but the revision still advances
-	// so a consumer knows it is current.
-	node, err := cli.Put(ctx, "/aether/v1/regions/r1/clusters/c1/nodes/node-1", "x")
+	// A node record under Root: a node event, no endpoint event.
+	nodeVal, err := registry.EncodeNode(&registryv1.Node{Name: "node-1", Region: "r1", Cluster: "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := cli.Put(ctx, "/aether/v1/regions/r1/clusters/c1/nodes/node-1", string(nodeVal))
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.waitRevision(node.Header.Revision)
 	if evs := w.events(); len(evs) != 0 {
-		t.Fatalf("node record produced events: %+v", evs)
+		t.Fatalf("node record produced endpoint events: %+v", evs)
+	}
+	var nodeEvents []NodeEvent
+	bs0, _ := w.snapshot()
+	for _, b := range bs0 {
+		nodeEvents = append(nodeEvents, b.Nodes...)
+	}
+	if len(nodeEvents) != 1 || nodeEvents[0].Node.GetName() != "node-1" || nodeEvents[0].Revision != node.Header.Revision {
+		t.Fatalf("node events = %+v", nodeEvents)
 	}
 
 	// Garbage over a valid endpoint: List would leave it out, so the watch
@@ -133,8 +145,8 @@ func TestWatchSkipsOtherRecordsAndTurnsGarbageIntoRemoval(t *testing.T) {
 	if out := logs.String(); !strings.Contains(out, "treating it as removed") || !strings.Contains(out, "malformed endpoint key") {
 		t.Fatalf("skips not logged:\n%s", out)
 	}
-	if l, err := s.List(ctx); err != nil || len(l.Endpoints) != 1 || l.Skipped != 2 {
-		t.Fatalf("List agrees? endpoints=%d skipped=%d err=%v; want 1 endpoint, 2 skipped", len(l.Endpoints), l.Skipped, err)
+	if l, err := s.List(ctx); err != nil || len(l.Endpoints) != 1 || l.Skipped != 2 || len(l.Nodes) != 1 {
+		t.Fatalf("List agrees? endpoints=%d nodes=%d skipped=%d err=%v; want 1 endpoint, 1 node, 2 skipped", len(l.Endpoints), len(l.Nodes), l.Skipped, err)
 	}
 }
 
