@@ -11,6 +11,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -30,6 +31,64 @@ type WritesResult struct {
 	DirectPutPS   float64 `json:"direct_put_per_sec"`
 	Speedup       float64 `json:"speedup"`
 	EtcdTxns      int64   `json:"write_behind_etcd_revisions"`
+}
+
+// DrainResult is the etcd side of write-behind on its own: how fast a
+// registrar persists a backlog of acknowledged registrations (coalesced
+// into 1024-operation flushes of 128-operation transactions), next to one
+// Put per registration at the same concurrency as the callers.
+type DrainResult struct {
+	Registrations int     `json:"registrations"`
+	DrainPS       float64 `json:"drain_per_sec"`
+	Revisions     int64   `json:"etcd_revisions"`
+}
+
+// Drain queues n registrations in a registrar whose flusher is held back (a
+// batch interval of an hour; only the first write goes at once), then times
+// the shutdown flush that persists them all, and checks etcd has them.
+func Drain(ctx context.Context, n int) (DrainResult, error) {
+	res := DrainResult{Registrations: n}
+	e, err := newEnv(ctx, 1, func(o *registrar.Options) {
+		o.WriteBatchInterval = time.Hour
+		o.WriteBatchSize = 1 << 30
+		o.WriteQueueLimit = n + 1
+	})
+	if err != nil {
+		return res, err
+	}
+	defer e.close()
+	c, err := e.client(0)
+	if err != nil {
+		return res, err
+	}
+	for i := 0; i < n; i++ {
+		if _, err := c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: &registryv1.ServiceEndpoint{
+			Service: "drain", Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: benchIP(i),
+			Ports: []*registryv1.Port{{Name: "http", Port: 8080}},
+		}}); err != nil {
+			return res, err
+		}
+	}
+	before, err := e.cli.Get(ctx, "/")
+	if err != nil {
+		return res, err
+	}
+	s := e.registrars[0]
+	e.registrars = nil // closed here, not again by e.close
+	start := time.Now()
+	if err := s.Close(ctx); err != nil {
+		return res, err
+	}
+	res.DrainPS = float64(n-1) / time.Since(start).Seconds()
+	cnt, err := e.cli.Get(ctx, registry.ServicePrefix("default", "default", "drain"), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return res, err
+	}
+	if cnt.Count != int64(n) {
+		return res, fmt.Errorf("drain persisted %d of %d registrations", cnt.Count, n)
+	}
+	res.Revisions = cnt.Header.Revision - before.Header.Revision
+	return res, nil
 }
 
 // Writes runs both modes in one process against one embedded etcd. The
