@@ -164,6 +164,33 @@ func (s *service) ListNodes(ctx context.Context, _ *registrarv1.ListNodesRequest
 	return &registrarv1.ListNodesResponse{Nodes: s.r.ListNodes(ctx)}, nil
 }
 
+func (s *service) ReplicationStatus(ctx context.Context, _ *registrarv1.ReplicationStatusRequest) (*registrarv1.ReplicationStatusResponse, error) {
+	resp := &registrarv1.ReplicationStatusResponse{Region: s.r.opts.Region, Enabled: s.r.repl != nil}
+	if s.r.repl == nil {
+		return resp, nil
+	}
+	for _, p := range s.r.repl.Status() {
+		resp.Peers = append(resp.Peers, &registrarv1.PeerReplicationStatus{
+			Region:                   p.Region,
+			Endpoints:                p.Endpoints,
+			IsLeader:                 p.IsLeader,
+			Leader:                   p.Leader,
+			Reachable:                p.Reachable,
+			Synced:                   p.Synced,
+			LeaseId:                  int64(p.LeaseID),
+			LeaseTtlSeconds:          p.LeaseTTL.Seconds(),
+			LeaseTtlRemainingSeconds: p.LeaseTTLRemaining.Seconds(),
+			LastMirroredRevision:     p.LastMirroredRevision,
+			LagSeconds:               p.Lag.Seconds(),
+			KeysMirrored:             p.KeysMirrored,
+			FullSyncs:                p.FullSyncs,
+			KeepaliveFailures:        p.KeepaliveFailures,
+			LastError:                p.LastError,
+		})
+	}
+	return resp, nil
+}
+
 // start validates a watch request and subscribes.
 func (s *service) start(req *registrarv1.WatchEndpointsRequest) (*subscription, error) {
 	f, err := newFilter(req.GetServices())

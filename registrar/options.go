@@ -54,6 +54,13 @@ type Options struct {
 	// the registrar's ghost sweep removes the node's endpoints.
 	NodeTTL time.Duration
 
+	// Multi-region replication: with one or more PeerEtcd specs
+	// ("region=ep[,ep]"), the region's registrars elect one replicator that
+	// mirrors /aether/v1/regions/<Region>/ into each peer region's etcd
+	// under a lease of ReplicationLeaseTTL that it keeps alive.
+	PeerEtcd            []string
+	ReplicationLeaseTTL time.Duration
+
 	Logger *slog.Logger
 }
 
@@ -76,6 +83,7 @@ func DefaultOptions() Options {
 		WatchBuffer:          4096,
 		ProgressInterval:     10 * time.Second,
 		NodeTTL:              30 * time.Second,
+		ReplicationLeaseTTL:  30 * time.Second,
 	}
 }
 
@@ -113,6 +121,7 @@ func (o Options) withDefaults() Options {
 	setI(&o.WatchBuffer, d.WatchBuffer)
 	setD(&o.ProgressInterval, d.ProgressInterval)
 	setD(&o.NodeTTL, d.NodeTTL)
+	setD(&o.ReplicationLeaseTTL, d.ReplicationLeaseTTL)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -136,6 +145,8 @@ func (o Options) Validate() error {
 		{o.ProgressInterval < 0, "--watch-progress-interval", "must be positive"},
 		{o.NodeTTL < 0, "--node-ttl", "must be positive"},
 		{o.NodeTTL > 0 && o.NodeTTL < 2*time.Second, "--node-ttl", "must be at least 2s (etcd leases count whole seconds)"},
+		{o.ReplicationLeaseTTL < 0, "--replication-lease-ttl", "must be positive"},
+		{o.ReplicationLeaseTTL > 0 && o.ReplicationLeaseTTL < 3*time.Second, "--replication-lease-ttl", "must be at least 3s (the replicator's election session must be shorter)"},
 	}
 	for _, c := range checks {
 		if c.bad {

@@ -16,6 +16,7 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/etcdstore"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/replicator"
 )
 
 // Backend is the durable store a registrar persists to and learns other
@@ -52,9 +53,10 @@ type Registrar struct {
 	st  *state
 	hub *hub
 
-	kick      chan struct{} // wakes the flusher before its tick
-	sweepKick chan struct{} // wakes the ghost sweep (a node record went away)
-	closing   chan struct{} // closed when streams must end (shutdown)
+	repl      *replicator.Replicator // set by the Server when replication is configured
+	kick      chan struct{}          // wakes the flusher before its tick
+	sweepKick chan struct{}          // wakes the ghost sweep (a node record went away)
+	closing   chan struct{}          // closed when streams must end (shutdown)
 	closeMu   sync.Once
 	started   atomic.Bool
 	stop      context.CancelFunc

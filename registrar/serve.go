@@ -22,6 +22,7 @@ import (
 	"github.com/aethermesh/aether/embedetcd"
 	"github.com/aethermesh/aether/etcdstore"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/replicator"
 )
 
 // Server is a running registrar process: its etcd (embedded or a client to
@@ -36,6 +37,10 @@ type Server struct {
 	http    *http.Server
 	grpcLis net.Listener
 	httpLis net.Listener
+
+	repl     *replicator.Replicator // nil without --peer-etcd
+	replStop context.CancelFunc
+	replDone chan struct{}
 }
 
 // Serve runs a registrar until ctx ends, then shuts it down gracefully.
@@ -66,6 +71,10 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		if err := registry.ValidateName("--zone", opts.Zone); err != nil {
 			return nil, err
 		}
+	}
+	peers, err := replicator.ParsePeers(opts.Region, opts.PeerEtcd)
+	if err != nil {
+		return nil, err // names --peer-etcd and the expected form
 	}
 	log := opts.Logger
 	s := &Server{opts: opts}
@@ -143,6 +152,32 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 			log.Error("grpc server stopped", "err", err)
 		}
 	}()
+	if len(peers) > 0 {
+		// The replicator is hosted here because it needs what the registrar
+		// already has: the local etcd client, and replicas to elect among.
+		s.repl, err = replicator.New(replicator.Config{
+			Region:     opts.Region,
+			Local:      s.cli,
+			Peers:      peers,
+			LeaseTTL:   opts.ReplicationLeaseTTL,
+			Identity:   s.GRPCAddr(),
+			Logger:     log,
+			Registerer: s.reg.metrics.reg,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("--peer-etcd: %w", err)
+		}
+		s.reg.repl = s.repl
+		rctx, cancel := context.WithCancel(context.Background())
+		s.replStop, s.replDone = cancel, make(chan struct{})
+		go func() {
+			defer close(s.replDone)
+			if err := s.repl.Run(rctx); err != nil {
+				log.Error("replicator stopped", "err", err)
+			}
+		}()
+		log.Info("multi-region replication configured", "peers", len(peers), "lease_ttl", opts.ReplicationLeaseTTL)
+	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(registrarv1.Registrar_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	log.Info("registrar serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(),
@@ -193,6 +228,13 @@ func (s *Server) Close(ctx context.Context) error {
 }
 
 func (s *Server) teardown() {
+	if s.replStop != nil {
+		// Stops mirroring without revoking peer leases: a successor
+		// re-attaches the keys well inside the TTL (seed 002, correction 1).
+		s.replStop()
+		<-s.replDone
+		s.replStop = nil
+	}
 	if s.grpc != nil {
 		s.grpc.Stop()
 	}

@@ -178,10 +178,12 @@ func TestRegistrarOptions(t *testing.T) {
 			"AETHER_WATCH_HISTORY":           "30",
 			"AETHER_WATCH_BUFFER":            "40",
 			"AETHER_NODE_TTL":                "45s",
+			"AETHER_REPLICATION_LEASE_TTL":   "10s",
 			"AETHER_LOG_LEVEL":               "debug",
 			"AETHER_LOG_FORMAT":              "json",
 		}
-		res := runCLI(t, nil, env, "registrar", "--grpc-addr", ":19443", "--watch-progress-interval", "2s")
+		res := runCLI(t, nil, env, "registrar", "--grpc-addr", ":19443", "--watch-progress-interval", "2s",
+			"--peer-etcd", "us-east=http://p1:2379,http://p2:2379", "--peer-etcd", "ap-south=http://p3:2379")
 		if res.err != nil {
 			t.Fatal(res.err)
 		}
@@ -209,6 +211,8 @@ func TestRegistrarOptions(t *testing.T) {
 			WatchBuffer:          40,
 			ProgressInterval:     2 * time.Second,
 			NodeTTL:              45 * time.Second,
+			PeerEtcd:             []string{"us-east=http://p1:2379,http://p2:2379", "ap-south=http://p3:2379"},
+			ReplicationLeaseTTL:  10 * time.Second,
 		}
 		if !optionsEqual(got, want) {
 			t.Errorf("options\n got %+v\nwant %+v", got, want)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/replicator"
 )
 
 // serveRegistrar runs the registrar until ctx is cancelled.
@@ -67,6 +68,8 @@ then shuts down gracefully.`,
 	f.IntVar(&opts.WatchHistory, "watch-history", opts.WatchHistory, "events retained so watchers can resume")
 	f.IntVar(&opts.WatchBuffer, "watch-buffer", opts.WatchBuffer, "undelivered messages per watch stream before it is cut off")
 	f.DurationVar(&opts.ProgressInterval, "watch-progress-interval", opts.ProgressInterval, "send idle watch streams a PROGRESS bookmark every interval")
+	f.StringArrayVar(&opts.PeerEtcd, "peer-etcd", nil, "peer region's etcd for multi-region replication, region=endpoint[,endpoint] (repeatable)")
+	f.DurationVar(&opts.ReplicationLeaseTTL, "replication-lease-ttl", opts.ReplicationLeaseTTL, "lease TTL of this region's keys mirrored into peer regions; they expire there this long after the region stops renewing it")
 	f.DurationVar(&opts.NodeTTL, "node-ttl", opts.NodeTTL, "lease TTL of node records: a node whose heartbeats stop disappears, with its endpoints, this long after its last heartbeat")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
@@ -90,6 +93,9 @@ func validateRegistrarOptions(o registrar.Options) error {
 		if err := registry.ValidateName(n.what, n.value); err != nil {
 			return fmt.Errorf("%s: %v", n.flag, err)
 		}
+	}
+	if _, err := replicator.ParsePeers(o.Region, o.PeerEtcd); err != nil {
+		return err
 	}
 	addrs := []struct{ flag, value string }{
 		{"--grpc-addr", o.GRPCAddr},

@@ -73,6 +73,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newDrainCmd(),
 		newNodesCmd(),
 		newAgentCmd(),
+		newReplicationCmd(),
 		newClusterCmd(),
 	)
 	documentEnv(root)

@@ -1289,6 +1289,260 @@ func (x *NodeStatus) GetLeaseRemainingSeconds() float64 {
 	return 0
 }
 
+type ReplicationStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicationStatusRequest) Reset() {
+	*x = ReplicationStatusRequest{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicationStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicationStatusRequest) ProtoMessage() {}
+
+func (x *ReplicationStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicationStatusRequest.ProtoReflect.Descriptor instead.
+func (*ReplicationStatusRequest) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{21}
+}
+
+type ReplicationStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// This registrar's region, and whether replication is configured
+	// (--peer-etcd) at all.
+	Region        string                   `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Enabled       bool                     `protobuf:"varint,2,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	Peers         []*PeerReplicationStatus `protobuf:"bytes,3,rep,name=peers,proto3" json:"peers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicationStatusResponse) Reset() {
+	*x = ReplicationStatusResponse{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicationStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicationStatusResponse) ProtoMessage() {}
+
+func (x *ReplicationStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicationStatusResponse.ProtoReflect.Descriptor instead.
+func (*ReplicationStatusResponse) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReplicationStatusResponse) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *ReplicationStatusResponse) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *ReplicationStatusResponse) GetPeers() []*PeerReplicationStatus {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
+type PeerReplicationStatus struct {
+	state                    protoimpl.MessageState `protogen:"open.v1"`
+	Region                   string                 `protobuf:"bytes,1,opt,name=region,proto3" json:"region,omitempty"`
+	Endpoints                []string               `protobuf:"bytes,2,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	IsLeader                 bool                   `protobuf:"varint,3,opt,name=is_leader,json=isLeader,proto3" json:"is_leader,omitempty"`
+	Leader                   string                 `protobuf:"bytes,4,opt,name=leader,proto3" json:"leader,omitempty"`
+	Reachable                bool                   `protobuf:"varint,5,opt,name=reachable,proto3" json:"reachable,omitempty"`
+	Synced                   bool                   `protobuf:"varint,6,opt,name=synced,proto3" json:"synced,omitempty"`
+	LeaseId                  int64                  `protobuf:"varint,7,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseTtlSeconds          float64                `protobuf:"fixed64,8,opt,name=lease_ttl_seconds,json=leaseTtlSeconds,proto3" json:"lease_ttl_seconds,omitempty"`
+	LeaseTtlRemainingSeconds float64                `protobuf:"fixed64,9,opt,name=lease_ttl_remaining_seconds,json=leaseTtlRemainingSeconds,proto3" json:"lease_ttl_remaining_seconds,omitempty"`
+	LastMirroredRevision     int64                  `protobuf:"varint,10,opt,name=last_mirrored_revision,json=lastMirroredRevision,proto3" json:"last_mirrored_revision,omitempty"`
+	LagSeconds               float64                `protobuf:"fixed64,11,opt,name=lag_seconds,json=lagSeconds,proto3" json:"lag_seconds,omitempty"`
+	KeysMirrored             int64                  `protobuf:"varint,12,opt,name=keys_mirrored,json=keysMirrored,proto3" json:"keys_mirrored,omitempty"`
+	FullSyncs                uint64                 `protobuf:"varint,13,opt,name=full_syncs,json=fullSyncs,proto3" json:"full_syncs,omitempty"`
+	KeepaliveFailures        uint64                 `protobuf:"varint,14,opt,name=keepalive_failures,json=keepaliveFailures,proto3" json:"keepalive_failures,omitempty"`
+	LastError                string                 `protobuf:"bytes,15,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
+}
+
+func (x *PeerReplicationStatus) Reset() {
+	*x = PeerReplicationStatus{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerReplicationStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerReplicationStatus) ProtoMessage() {}
+
+func (x *PeerReplicationStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerReplicationStatus.ProtoReflect.Descriptor instead.
+func (*PeerReplicationStatus) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *PeerReplicationStatus) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
+func (x *PeerReplicationStatus) GetEndpoints() []string {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
+func (x *PeerReplicationStatus) GetIsLeader() bool {
+	if x != nil {
+		return x.IsLeader
+	}
+	return false
+}
+
+func (x *PeerReplicationStatus) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+func (x *PeerReplicationStatus) GetReachable() bool {
+	if x != nil {
+		return x.Reachable
+	}
+	return false
+}
+
+func (x *PeerReplicationStatus) GetSynced() bool {
+	if x != nil {
+		return x.Synced
+	}
+	return false
+}
+
+func (x *PeerReplicationStatus) GetLeaseId() int64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *PeerReplicationStatus) GetLeaseTtlSeconds() float64 {
+	if x != nil {
+		return x.LeaseTtlSeconds
+	}
+	return 0
+}
+
+func (x *PeerReplicationStatus) GetLeaseTtlRemainingSeconds() float64 {
+	if x != nil {
+		return x.LeaseTtlRemainingSeconds
+	}
+	return 0
+}
+
+func (x *PeerReplicationStatus) GetLastMirroredRevision() int64 {
+	if x != nil {
+		return x.LastMirroredRevision
+	}
+	return 0
+}
+
+func (x *PeerReplicationStatus) GetLagSeconds() float64 {
+	if x != nil {
+		return x.LagSeconds
+	}
+	return 0
+}
+
+func (x *PeerReplicationStatus) GetKeysMirrored() int64 {
+	if x != nil {
+		return x.KeysMirrored
+	}
+	return 0
+}
+
+func (x *PeerReplicationStatus) GetFullSyncs() uint64 {
+	if x != nil {
+		return x.FullSyncs
+	}
+	return 0
+}
+
+func (x *PeerReplicationStatus) GetKeepaliveFailures() uint64 {
+	if x != nil {
+		return x.KeepaliveFailures
+	}
+	return 0
+}
+
+func (x *PeerReplicationStatus) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 var File_aether_registrar_v1_registrar_proto protoreflect.FileDescriptor
 
 const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
@@ -1371,7 +1625,32 @@ const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
 	"NodeStatus\x12,\n" +
 	"\x04node\x18\x01 \x01(\v2\x18.aether.registry.v1.NodeR\x04node\x12;\n" +
 	"\x1alast_heartbeat_age_seconds\x18\x02 \x01(\x01R\x17lastHeartbeatAgeSeconds\x126\n" +
-	"\x17lease_remaining_seconds\x18\x03 \x01(\x01R\x15leaseRemainingSeconds2\x85\b\n" +
+	"\x17lease_remaining_seconds\x18\x03 \x01(\x01R\x15leaseRemainingSeconds\"\x1a\n" +
+	"\x18ReplicationStatusRequest\"\x8f\x01\n" +
+	"\x19ReplicationStatusResponse\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x18\n" +
+	"\aenabled\x18\x02 \x01(\bR\aenabled\x12@\n" +
+	"\x05peers\x18\x03 \x03(\v2*.aether.registrar.v1.PeerReplicationStatusR\x05peers\"\xa7\x04\n" +
+	"\x15PeerReplicationStatus\x12\x16\n" +
+	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1c\n" +
+	"\tendpoints\x18\x02 \x03(\tR\tendpoints\x12\x1b\n" +
+	"\tis_leader\x18\x03 \x01(\bR\bisLeader\x12\x16\n" +
+	"\x06leader\x18\x04 \x01(\tR\x06leader\x12\x1c\n" +
+	"\treachable\x18\x05 \x01(\bR\treachable\x12\x16\n" +
+	"\x06synced\x18\x06 \x01(\bR\x06synced\x12\x19\n" +
+	"\blease_id\x18\a \x01(\x03R\aleaseId\x12*\n" +
+	"\x11lease_ttl_seconds\x18\b \x01(\x01R\x0fleaseTtlSeconds\x12=\n" +
+	"\x1blease_ttl_remaining_seconds\x18\t \x01(\x01R\x18leaseTtlRemainingSeconds\x124\n" +
+	"\x16last_mirrored_revision\x18\n" +
+	" \x01(\x03R\x14lastMirroredRevision\x12\x1f\n" +
+	"\vlag_seconds\x18\v \x01(\x01R\n" +
+	"lagSeconds\x12#\n" +
+	"\rkeys_mirrored\x18\f \x01(\x03R\fkeysMirrored\x12\x1d\n" +
+	"\n" +
+	"full_syncs\x18\r \x01(\x04R\tfullSyncs\x12-\n" +
+	"\x12keepalive_failures\x18\x0e \x01(\x04R\x11keepaliveFailures\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x0f \x01(\tR\tlastError2\xf9\b\n" +
 	"\tRegistrar\x12o\n" +
 	"\x10RegisterEndpoint\x12,.aether.registrar.v1.RegisterEndpointRequest\x1a-.aether.registrar.v1.RegisterEndpointResponse\x12u\n" +
 	"\x12UnregisterEndpoint\x12..aether.registrar.v1.UnregisterEndpointRequest\x1a/.aether.registrar.v1.UnregisterEndpointResponse\x12b\n" +
@@ -1382,7 +1661,8 @@ const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
 	"\fAnnounceNode\x12(.aether.registrar.v1.AnnounceNodeRequest\x1a).aether.registrar.v1.AnnounceNodeResponse\x12Z\n" +
 	"\tHeartbeat\x12%.aether.registrar.v1.HeartbeatRequest\x1a&.aether.registrar.v1.HeartbeatResponse\x12Z\n" +
 	"\tLeaveNode\x12%.aether.registrar.v1.LeaveNodeRequest\x1a&.aether.registrar.v1.LeaveNodeResponse\x12Z\n" +
-	"\tListNodes\x12%.aether.registrar.v1.ListNodesRequest\x1a&.aether.registrar.v1.ListNodesResponseB;Z9github.com/aethermesh/aether/api/registrar/v1;registrarv1b\x06proto3"
+	"\tListNodes\x12%.aether.registrar.v1.ListNodesRequest\x1a&.aether.registrar.v1.ListNodesResponse\x12r\n" +
+	"\x11ReplicationStatus\x12-.aether.registrar.v1.ReplicationStatusRequest\x1a..aether.registrar.v1.ReplicationStatusResponseB;Z9github.com/aethermesh/aether/api/registrar/v1;registrarv1b\x06proto3"
 
 var (
 	file_aether_registrar_v1_registrar_proto_rawDescOnce sync.Once
@@ -1397,7 +1677,7 @@ func file_aether_registrar_v1_registrar_proto_rawDescGZIP() []byte {
 }
 
 var file_aether_registrar_v1_registrar_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_aether_registrar_v1_registrar_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_aether_registrar_v1_registrar_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_aether_registrar_v1_registrar_proto_goTypes = []any{
 	(EndpointEvent_EventType)(0),       // 0: aether.registrar.v1.EndpointEvent.EventType
 	(*RegisterEndpointRequest)(nil),    // 1: aether.registrar.v1.RegisterEndpointRequest
@@ -1421,51 +1701,57 @@ var file_aether_registrar_v1_registrar_proto_goTypes = []any{
 	(*ListNodesRequest)(nil),           // 19: aether.registrar.v1.ListNodesRequest
 	(*ListNodesResponse)(nil),          // 20: aether.registrar.v1.ListNodesResponse
 	(*NodeStatus)(nil),                 // 21: aether.registrar.v1.NodeStatus
-	(*v1.ServiceEndpoint)(nil),         // 22: aether.registry.v1.ServiceEndpoint
-	(v1.Protocol)(0),                   // 23: aether.registry.v1.Protocol
-	(*v1.Node)(nil),                    // 24: aether.registry.v1.Node
+	(*ReplicationStatusRequest)(nil),   // 22: aether.registrar.v1.ReplicationStatusRequest
+	(*ReplicationStatusResponse)(nil),  // 23: aether.registrar.v1.ReplicationStatusResponse
+	(*PeerReplicationStatus)(nil),      // 24: aether.registrar.v1.PeerReplicationStatus
+	(*v1.ServiceEndpoint)(nil),         // 25: aether.registry.v1.ServiceEndpoint
+	(v1.Protocol)(0),                   // 26: aether.registry.v1.Protocol
+	(*v1.Node)(nil),                    // 27: aether.registry.v1.Node
 }
 var file_aether_registrar_v1_registrar_proto_depIdxs = []int32{
-	22, // 0: aether.registrar.v1.RegisterEndpointRequest.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	22, // 1: aether.registrar.v1.RegisterEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	23, // 2: aether.registrar.v1.UnregisterEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
+	25, // 0: aether.registrar.v1.RegisterEndpointRequest.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	25, // 1: aether.registrar.v1.RegisterEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	26, // 2: aether.registrar.v1.UnregisterEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
 	0,  // 3: aether.registrar.v1.EndpointEvent.type:type_name -> aether.registrar.v1.EndpointEvent.EventType
-	22, // 4: aether.registrar.v1.EndpointEvent.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	22, // 5: aether.registrar.v1.EndpointEvent.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
-	22, // 6: aether.registrar.v1.ListAllEndpointsResponse.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
-	23, // 7: aether.registrar.v1.DrainEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
-	22, // 8: aether.registrar.v1.DrainEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	25, // 4: aether.registrar.v1.EndpointEvent.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	25, // 5: aether.registrar.v1.EndpointEvent.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
+	25, // 6: aether.registrar.v1.ListAllEndpointsResponse.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
+	26, // 7: aether.registrar.v1.DrainEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
+	25, // 8: aether.registrar.v1.DrainEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
 	5,  // 9: aether.registrar.v1.SubscribeRequest.start:type_name -> aether.registrar.v1.WatchEndpointsRequest
 	12, // 10: aether.registrar.v1.SubscribeRequest.update:type_name -> aether.registrar.v1.SubscriptionUpdate
-	24, // 11: aether.registrar.v1.AnnounceNodeRequest.node:type_name -> aether.registry.v1.Node
-	24, // 12: aether.registrar.v1.AnnounceNodeResponse.node:type_name -> aether.registry.v1.Node
+	27, // 11: aether.registrar.v1.AnnounceNodeRequest.node:type_name -> aether.registry.v1.Node
+	27, // 12: aether.registrar.v1.AnnounceNodeResponse.node:type_name -> aether.registry.v1.Node
 	21, // 13: aether.registrar.v1.ListNodesResponse.nodes:type_name -> aether.registrar.v1.NodeStatus
-	24, // 14: aether.registrar.v1.NodeStatus.node:type_name -> aether.registry.v1.Node
-	1,  // 15: aether.registrar.v1.Registrar.RegisterEndpoint:input_type -> aether.registrar.v1.RegisterEndpointRequest
-	3,  // 16: aether.registrar.v1.Registrar.UnregisterEndpoint:input_type -> aether.registrar.v1.UnregisterEndpointRequest
-	5,  // 17: aether.registrar.v1.Registrar.WatchEndpoints:input_type -> aether.registrar.v1.WatchEndpointsRequest
-	7,  // 18: aether.registrar.v1.Registrar.ListAllEndpoints:input_type -> aether.registrar.v1.ListAllEndpointsRequest
-	9,  // 19: aether.registrar.v1.Registrar.DrainEndpoint:input_type -> aether.registrar.v1.DrainEndpointRequest
-	11, // 20: aether.registrar.v1.Registrar.Subscribe:input_type -> aether.registrar.v1.SubscribeRequest
-	13, // 21: aether.registrar.v1.Registrar.AnnounceNode:input_type -> aether.registrar.v1.AnnounceNodeRequest
-	15, // 22: aether.registrar.v1.Registrar.Heartbeat:input_type -> aether.registrar.v1.HeartbeatRequest
-	17, // 23: aether.registrar.v1.Registrar.LeaveNode:input_type -> aether.registrar.v1.LeaveNodeRequest
-	19, // 24: aether.registrar.v1.Registrar.ListNodes:input_type -> aether.registrar.v1.ListNodesRequest
-	2,  // 25: aether.registrar.v1.Registrar.RegisterEndpoint:output_type -> aether.registrar.v1.RegisterEndpointResponse
-	4,  // 26: aether.registrar.v1.Registrar.UnregisterEndpoint:output_type -> aether.registrar.v1.UnregisterEndpointResponse
-	6,  // 27: aether.registrar.v1.Registrar.WatchEndpoints:output_type -> aether.registrar.v1.EndpointEvent
-	8,  // 28: aether.registrar.v1.Registrar.ListAllEndpoints:output_type -> aether.registrar.v1.ListAllEndpointsResponse
-	10, // 29: aether.registrar.v1.Registrar.DrainEndpoint:output_type -> aether.registrar.v1.DrainEndpointResponse
-	6,  // 30: aether.registrar.v1.Registrar.Subscribe:output_type -> aether.registrar.v1.EndpointEvent
-	14, // 31: aether.registrar.v1.Registrar.AnnounceNode:output_type -> aether.registrar.v1.AnnounceNodeResponse
-	16, // 32: aether.registrar.v1.Registrar.Heartbeat:output_type -> aether.registrar.v1.HeartbeatResponse
-	18, // 33: aether.registrar.v1.Registrar.LeaveNode:output_type -> aether.registrar.v1.LeaveNodeResponse
-	20, // 34: aether.registrar.v1.Registrar.ListNodes:output_type -> aether.registrar.v1.ListNodesResponse
-	25, // [25:35] is the sub-list for method output_type
-	15, // [15:25] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	27, // 14: aether.registrar.v1.NodeStatus.node:type_name -> aether.registry.v1.Node
+	24, // 15: aether.registrar.v1.ReplicationStatusResponse.peers:type_name -> aether.registrar.v1.PeerReplicationStatus
+	1,  // 16: aether.registrar.v1.Registrar.RegisterEndpoint:input_type -> aether.registrar.v1.RegisterEndpointRequest
+	3,  // 17: aether.registrar.v1.Registrar.UnregisterEndpoint:input_type -> aether.registrar.v1.UnregisterEndpointRequest
+	5,  // 18: aether.registrar.v1.Registrar.WatchEndpoints:input_type -> aether.registrar.v1.WatchEndpointsRequest
+	7,  // 19: aether.registrar.v1.Registrar.ListAllEndpoints:input_type -> aether.registrar.v1.ListAllEndpointsRequest
+	9,  // 20: aether.registrar.v1.Registrar.DrainEndpoint:input_type -> aether.registrar.v1.DrainEndpointRequest
+	11, // 21: aether.registrar.v1.Registrar.Subscribe:input_type -> aether.registrar.v1.SubscribeRequest
+	13, // 22: aether.registrar.v1.Registrar.AnnounceNode:input_type -> aether.registrar.v1.AnnounceNodeRequest
+	15, // 23: aether.registrar.v1.Registrar.Heartbeat:input_type -> aether.registrar.v1.HeartbeatRequest
+	17, // 24: aether.registrar.v1.Registrar.LeaveNode:input_type -> aether.registrar.v1.LeaveNodeRequest
+	19, // 25: aether.registrar.v1.Registrar.ListNodes:input_type -> aether.registrar.v1.ListNodesRequest
+	22, // 26: aether.registrar.v1.Registrar.ReplicationStatus:input_type -> aether.registrar.v1.ReplicationStatusRequest
+	2,  // 27: aether.registrar.v1.Registrar.RegisterEndpoint:output_type -> aether.registrar.v1.RegisterEndpointResponse
+	4,  // 28: aether.registrar.v1.Registrar.UnregisterEndpoint:output_type -> aether.registrar.v1.UnregisterEndpointResponse
+	6,  // 29: aether.registrar.v1.Registrar.WatchEndpoints:output_type -> aether.registrar.v1.EndpointEvent
+	8,  // 30: aether.registrar.v1.Registrar.ListAllEndpoints:output_type -> aether.registrar.v1.ListAllEndpointsResponse
+	10, // 31: aether.registrar.v1.Registrar.DrainEndpoint:output_type -> aether.registrar.v1.DrainEndpointResponse
+	6,  // 32: aether.registrar.v1.Registrar.Subscribe:output_type -> aether.registrar.v1.EndpointEvent
+	14, // 33: aether.registrar.v1.Registrar.AnnounceNode:output_type -> aether.registrar.v1.AnnounceNodeResponse
+	16, // 34: aether.registrar.v1.Registrar.Heartbeat:output_type -> aether.registrar.v1.HeartbeatResponse
+	18, // 35: aether.registrar.v1.Registrar.LeaveNode:output_type -> aether.registrar.v1.LeaveNodeResponse
+	20, // 36: aether.registrar.v1.Registrar.ListNodes:output_type -> aether.registrar.v1.ListNodesResponse
+	23, // 37: aether.registrar.v1.Registrar.ReplicationStatus:output_type -> aether.registrar.v1.ReplicationStatusResponse
+	27, // [27:38] is the sub-list for method output_type
+	16, // [16:27] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_aether_registrar_v1_registrar_proto_init() }
@@ -1483,7 +1769,7 @@ func file_aether_registrar_v1_registrar_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aether_registrar_v1_registrar_proto_rawDesc), len(file_aether_registrar_v1_registrar_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   21,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

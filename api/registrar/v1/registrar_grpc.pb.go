@@ -32,6 +32,7 @@ const (
 	Registrar_Heartbeat_FullMethodName          = "/aether.registrar.v1.Registrar/Heartbeat"
 	Registrar_LeaveNode_FullMethodName          = "/aether.registrar.v1.Registrar/LeaveNode"
 	Registrar_ListNodes_FullMethodName          = "/aether.registrar.v1.Registrar/ListNodes"
+	Registrar_ReplicationStatus_FullMethodName  = "/aether.registrar.v1.Registrar/ReplicationStatus"
 )
 
 // RegistrarClient is the client API for Registrar service.
@@ -72,6 +73,10 @@ type RegistrarClient interface {
 	LeaveNode(ctx context.Context, in *LeaveNodeRequest, opts ...grpc.CallOption) (*LeaveNodeResponse, error)
 	// ListNodes lists the node records the registrar knows.
 	ListNodes(ctx context.Context, in *ListNodesRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
+	// ReplicationStatus reports the multi-region replicator's view of each
+	// peer region. Mirror figures come from the region's replication
+	// leader; other replicas name the leader.
+	ReplicationStatus(ctx context.Context, in *ReplicationStatusRequest, opts ...grpc.CallOption) (*ReplicationStatusResponse, error)
 }
 
 type registrarClient struct {
@@ -194,6 +199,16 @@ func (c *registrarClient) ListNodes(ctx context.Context, in *ListNodesRequest, o
 	return out, nil
 }
 
+func (c *registrarClient) ReplicationStatus(ctx context.Context, in *ReplicationStatusRequest, opts ...grpc.CallOption) (*ReplicationStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicationStatusResponse)
+	err := c.cc.Invoke(ctx, Registrar_ReplicationStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistrarServer is the server API for Registrar service.
 // All implementations must embed UnimplementedRegistrarServer
 // for forward compatibility.
@@ -232,6 +247,10 @@ type RegistrarServer interface {
 	LeaveNode(context.Context, *LeaveNodeRequest) (*LeaveNodeResponse, error)
 	// ListNodes lists the node records the registrar knows.
 	ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error)
+	// ReplicationStatus reports the multi-region replicator's view of each
+	// peer region. Mirror figures come from the region's replication
+	// leader; other replicas name the leader.
+	ReplicationStatus(context.Context, *ReplicationStatusRequest) (*ReplicationStatusResponse, error)
 	mustEmbedUnimplementedRegistrarServer()
 }
 
@@ -271,6 +290,9 @@ func (UnimplementedRegistrarServer) LeaveNode(context.Context, *LeaveNodeRequest
 }
 func (UnimplementedRegistrarServer) ListNodes(context.Context, *ListNodesRequest) (*ListNodesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListNodes not implemented")
+}
+func (UnimplementedRegistrarServer) ReplicationStatus(context.Context, *ReplicationStatusRequest) (*ReplicationStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplicationStatus not implemented")
 }
 func (UnimplementedRegistrarServer) mustEmbedUnimplementedRegistrarServer() {}
 func (UnimplementedRegistrarServer) testEmbeddedByValue()                   {}
@@ -455,6 +477,24 @@ func _Registrar_ListNodes_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Registrar_ReplicationStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicationStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistrarServer).ReplicationStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Registrar_ReplicationStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistrarServer).ReplicationStatus(ctx, req.(*ReplicationStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Registrar_ServiceDesc is the grpc.ServiceDesc for Registrar service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -493,6 +533,10 @@ var Registrar_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListNodes",
 			Handler:    _Registrar_ListNodes_Handler,
+		},
+		{
+			MethodName: "ReplicationStatus",
+			Handler:    _Registrar_ReplicationStatus_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
