@@ -74,6 +74,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newNodesCmd(),
 		newAgentCmd(),
 		newReplicationCmd(),
+		newMigrateCmd(),
 		newClusterCmd(),
 	)
 	documentEnv(root)
