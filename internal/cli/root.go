@@ -76,6 +76,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newReplicationCmd(),
 		newMigrateCmd(),
 		newClusterCmd(),
+		newCertsCmd(),
 	)
 	documentEnv(root)
 	return root
