@@ -13,6 +13,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/authz"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -22,47 +23,65 @@ const snapshotChunk = 1000
 
 // service adapts a Registrar to the gRPC API. It owns nothing but the
 // mapping of errors to status codes.
+// With a client CA configured (Options.TLSClientCAFile) every call is
+// authenticated and authorized by g first (see guard); without one g is nil
+// and nothing is checked.
 type service struct {
 	registrarv1.UnimplementedRegistrarServer
 	r *Registrar
+	g *guard
 }
 
 // RegisterGRPC registers the Registrar API on s.
 func (r *Registrar) RegisterGRPC(s grpc.ServiceRegistrar) {
-	registrarv1.RegisterRegistrarServer(s, &service{r: r})
+	registrarv1.RegisterRegistrarServer(s, &service{r: r, g: newGuard(r)})
 }
 
 func (s *service) RegisterEndpoint(ctx context.Context, req *registrarv1.RegisterEndpointRequest) (*registrarv1.RegisterEndpointResponse, error) {
-	ep, v, err := s.r.Register(req.GetEndpoint())
+	check, err := s.g.endpoint(ctx, "RegisterEndpoint", authz.OpRegister)
 	if err != nil {
-		return nil, s.status("register", err)
+		return nil, err
+	}
+	ep, v, err := s.r.RegisterChecked(req.GetEndpoint(), check)
+	if err != nil {
+		return nil, s.status("RegisterEndpoint", "register", err)
 	}
 	return &registrarv1.RegisterEndpointResponse{Endpoint: ep, Version: v}, nil
 }
 
 func (s *service) UnregisterEndpoint(ctx context.Context, req *registrarv1.UnregisterEndpointRequest) (*registrarv1.UnregisterEndpointResponse, error) {
-	v, err := s.r.Unregister(registry.EndpointID{
+	check, err := s.g.endpoint(ctx, "UnregisterEndpoint", authz.OpUnregister)
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.r.UnregisterChecked(registry.EndpointID{
 		Region:   req.GetRegion(),
 		Cluster:  req.GetCluster(),
 		Service:  req.GetService(),
 		Protocol: req.GetProtocol(),
 		IP:       req.GetIp(),
-	})
+	}, check)
 	if err != nil {
-		return nil, s.status("unregister", err)
+		return nil, s.status("UnregisterEndpoint", "unregister", err)
 	}
 	return &registrarv1.UnregisterEndpointResponse{Version: v}, nil
 }
 
 func (s *service) ListAllEndpoints(ctx context.Context, req *registrarv1.ListAllEndpointsRequest) (*registrarv1.ListAllEndpointsResponse, error) {
+	if err := s.g.read(ctx, "ListAllEndpoints"); err != nil {
+		return nil, err
+	}
 	eps, v, err := s.r.List(req.GetServices())
 	if err != nil {
-		return nil, s.status("list", err)
+		return nil, s.status("ListAllEndpoints", "list", err)
 	}
 	return &registrarv1.ListAllEndpointsResponse{Endpoints: eps, Version: v}, nil
 }
 
 func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream grpc.ServerStreamingServer[registrarv1.EndpointEvent]) error {
+	if err := s.g.read(stream.Context(), "WatchEndpoints"); err != nil {
+		return err
+	}
 	sub, err := s.start(req)
 	if err != nil {
 		return err
@@ -72,20 +91,27 @@ func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream 
 }
 
 func (s *service) DrainEndpoint(ctx context.Context, req *registrarv1.DrainEndpointRequest) (*registrarv1.DrainEndpointResponse, error) {
-	ep, v, err := s.r.Drain(registry.EndpointID{
+	check, err := s.g.endpoint(ctx, "DrainEndpoint", authz.OpDrain)
+	if err != nil {
+		return nil, err
+	}
+	ep, v, err := s.r.DrainChecked(registry.EndpointID{
 		Region:   req.GetRegion(),
 		Cluster:  req.GetCluster(),
 		Service:  req.GetService(),
 		Protocol: req.GetProtocol(),
 		IP:       req.GetIp(),
-	})
+	}, check)
 	if err != nil {
-		return nil, s.status("drain", err)
+		return nil, s.status("DrainEndpoint", "drain", err)
 	}
 	return &registrarv1.DrainEndpointResponse{Endpoint: ep, Version: v}, nil
 }
 
 func (s *service) Subscribe(stream grpc.BidiStreamingServer[registrarv1.SubscribeRequest, registrarv1.EndpointEvent]) error {
+	if err := s.g.read(stream.Context(), "Subscribe"); err != nil {
+		return err
+	}
 	first, err := stream.Recv()
 	if err != nil {
 		return err
@@ -138,33 +164,48 @@ func (s *service) update(sub *subscription, msg *registrarv1.SubscribeRequest) e
 }
 
 func (s *service) AnnounceNode(ctx context.Context, req *registrarv1.AnnounceNodeRequest) (*registrarv1.AnnounceNodeResponse, error) {
+	if err := s.g.node(ctx, "AnnounceNode", authz.OpAnnounce, req.GetNode().GetName()); err != nil {
+		return nil, err
+	}
 	n, err := s.r.AnnounceNode(ctx, req.GetNode())
 	if err != nil {
-		return nil, s.status("announce node", err)
+		return nil, s.status("AnnounceNode", "announce node", err)
 	}
 	return &registrarv1.AnnounceNodeResponse{Node: n, HeartbeatIntervalMs: (s.r.opts.NodeTTL / 3).Milliseconds()}, nil
 }
 
 func (s *service) Heartbeat(ctx context.Context, req *registrarv1.HeartbeatRequest) (*registrarv1.HeartbeatResponse, error) {
+	if err := s.g.node(ctx, "Heartbeat", authz.OpHeartbeat, req.GetNode()); err != nil {
+		return nil, err
+	}
 	ttl, err := s.r.Heartbeat(ctx, req.GetNode(), req.GetRegion(), req.GetCluster())
 	if err != nil {
-		return nil, s.status("heartbeat", err)
+		return nil, s.status("Heartbeat", "heartbeat", err)
 	}
 	return &registrarv1.HeartbeatResponse{LeaseTtlSeconds: int64(ttl / time.Second)}, nil
 }
 
 func (s *service) LeaveNode(ctx context.Context, req *registrarv1.LeaveNodeRequest) (*registrarv1.LeaveNodeResponse, error) {
+	if err := s.g.node(ctx, "LeaveNode", authz.OpLeave, req.GetNode()); err != nil {
+		return nil, err
+	}
 	if err := s.r.LeaveNode(ctx, req.GetNode(), req.GetRegion(), req.GetCluster()); err != nil {
-		return nil, s.status("leave", err)
+		return nil, s.status("LeaveNode", "leave", err)
 	}
 	return &registrarv1.LeaveNodeResponse{}, nil
 }
 
 func (s *service) ListNodes(ctx context.Context, _ *registrarv1.ListNodesRequest) (*registrarv1.ListNodesResponse, error) {
+	if err := s.g.read(ctx, "ListNodes"); err != nil {
+		return nil, err
+	}
 	return &registrarv1.ListNodesResponse{Nodes: s.r.ListNodes(ctx)}, nil
 }
 
 func (s *service) ReplicationStatus(ctx context.Context, _ *registrarv1.ReplicationStatusRequest) (*registrarv1.ReplicationStatusResponse, error) {
+	if err := s.g.read(ctx, "ReplicationStatus"); err != nil {
+		return nil, err
+	}
 	resp := &registrarv1.ReplicationStatusResponse{Region: s.r.opts.Region, Enabled: s.r.repl != nil}
 	if s.r.repl == nil {
 		return resp, nil
@@ -318,10 +359,14 @@ func sendSnapshot(stream sender, typ registrarv1.EndpointEvent_EventType, servic
 	}
 }
 
-// status maps a registrar error to a precise gRPC status.
-func (s *service) status(op string, err error) error {
+// status maps a registrar error to a precise gRPC status. method names the
+// RPC for the log of an authorization refusal (from a WriteCheck).
+func (s *service) status(method, op string, err error) error {
 	var fe *registry.FieldError
+	var ae *authz.Error
 	switch {
+	case errors.As(err, &ae):
+		return s.g.denied(method, ae)
 	case errors.As(err, &fe):
 		s.r.metrics.rejected.WithLabelValues("invalid").Inc()
 		return status.Error(codes.InvalidArgument, fe.Error())

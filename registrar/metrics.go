@@ -21,6 +21,7 @@ type metrics struct {
 	evictions      prometheus.Counter
 	rejected       *prometheus.CounterVec
 	swept          prometheus.Counter
+	authzDenied    *prometheus.CounterVec
 }
 
 func newMetrics(r *Registrar) *metrics {
@@ -65,6 +66,10 @@ func newMetrics(r *Registrar) *metrics {
 			Name: "registrar_ghost_endpoints_swept_total",
 			Help: "Endpoints removed because their node's record (lease) was gone.",
 		}),
+		authzDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "registrar_authz_denied_total",
+			Help: "Calls refused by authentication or authorization (mTLS mode), by the rule they broke.",
+		}, []string{"rule"}),
 	}
 	m.broadcastByTyp = map[registrarv1.EndpointEvent_EventType]prometheus.Counter{}
 	for v, name := range registrarv1.EndpointEvent_EventType_name {
@@ -72,7 +77,7 @@ func newMetrics(r *Registrar) *metrics {
 	}
 	m.reg.MustRegister(
 		m.syncDuration, m.syncErrors, m.batchSize, m.flushDuration, m.flushErrors,
-		m.broadcast, m.evictions, m.rejected, m.swept,
+		m.broadcast, m.evictions, m.rejected, m.swept, m.authzDenied,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{r: r},

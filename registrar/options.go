@@ -3,7 +3,10 @@ package registrar
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+
+	"github.com/aethermesh/aether/authz"
 )
 
 // Options configure a registrar process: where its etcd is, where it serves,
@@ -61,7 +64,43 @@ type Options struct {
 	PeerEtcd            []string
 	ReplicationLeaseTTL time.Duration
 
+	// Transport security (see docs/security.md). With TLSCertFile and
+	// TLSKeyFile the gRPC API and the HTTP endpoints serve TLS; the pair is
+	// re-read from its files every TLSReloadInterval, so rotating it needs no
+	// restart. With TLSClientCAFile as well, every gRPC client must present
+	// a certificate that chains to it, carrying a SPIFFE ID of TrustDomain,
+	// and the registrar authorizes each call (package authz): a node writes
+	// only its own endpoints and node record, an operator (OperatorPrefix,
+	// default spiffe://<TrustDomain>/operator/) writes anything, any
+	// authenticated identity reads. Without TLSClientCAFile there is no
+	// authentication and no authorization: development mode.
+	TLSCertFile       string
+	TLSKeyFile        string
+	TLSClientCAFile   string
+	TrustDomain       string
+	OperatorPrefix    string
+	TLSReloadInterval time.Duration
+
+	// TLS to an external etcd (EtcdEndpoints must be https://): EtcdCACert
+	// verifies etcd's server certificate, EtcdCert and EtcdKey are the
+	// registrar's client certificate when etcd requires one.
+	EtcdCACert string
+	EtcdCert   string
+	EtcdKey    string
+
 	Logger *slog.Logger
+}
+
+// TLSEnabled reports whether the registrar serves TLS.
+func (o Options) TLSEnabled() bool { return o.TLSCertFile != "" }
+
+// AuthzEnabled reports whether client certificates are required and calls
+// authorized.
+func (o Options) AuthzEnabled() bool { return o.TLSClientCAFile != "" }
+
+// EtcdTLSEnabled reports whether the registrar talks TLS to etcd.
+func (o Options) EtcdTLSEnabled() bool {
+	return o.EtcdCACert != "" || o.EtcdCert != "" || o.EtcdKey != ""
 }
 
 // DefaultOptions returns the defaults the CLI flags show.
@@ -84,6 +123,7 @@ func DefaultOptions() Options {
 		ProgressInterval:     10 * time.Second,
 		NodeTTL:              30 * time.Second,
 		ReplicationLeaseTTL:  30 * time.Second,
+		TLSReloadInterval:    10 * time.Second,
 	}
 }
 
@@ -122,6 +162,7 @@ func (o Options) withDefaults() Options {
 	setD(&o.ProgressInterval, d.ProgressInterval)
 	setD(&o.NodeTTL, d.NodeTTL)
 	setD(&o.ReplicationLeaseTTL, d.ReplicationLeaseTTL)
+	setD(&o.TLSReloadInterval, d.TLSReloadInterval)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -151,6 +192,49 @@ func (o Options) Validate() error {
 	for _, c := range checks {
 		if c.bad {
 			return fmt.Errorf("%s %s", c.flag, c.msg)
+		}
+	}
+	return o.validateSecurity()
+}
+
+// validateSecurity checks the TLS, identity and etcd TLS options. Every
+// error names the flags and says how to fix them.
+func (o Options) validateSecurity() error {
+	switch {
+	case o.TLSCertFile != "" && o.TLSKeyFile == "":
+		return fmt.Errorf("--tls-cert needs --tls-key: give the registrar's certificate and its private key together (or neither, for plaintext development mode)")
+	case o.TLSKeyFile != "" && o.TLSCertFile == "":
+		return fmt.Errorf("--tls-key needs --tls-cert: give the registrar's certificate and its private key together (or neither, for plaintext development mode)")
+	case o.TLSClientCAFile != "" && o.TLSCertFile == "":
+		return fmt.Errorf("--tls-client-ca needs --tls-cert and --tls-key: client certificates can only be verified over TLS (aether certs issue --server HOST makes a pair)")
+	case o.TLSClientCAFile != "" && o.TrustDomain == "":
+		return fmt.Errorf("--tls-client-ca needs --trust-domain: client identities are SPIFFE IDs of one trust domain (the one given to aether certs init, e.g. --trust-domain example.org)")
+	case o.TrustDomain != "" && o.TLSClientCAFile == "":
+		return fmt.Errorf("--trust-domain is only used with --tls-client-ca: without a client CA no client is authenticated; add --tls-client-ca (the CA's ca.pem) or drop --trust-domain")
+	case o.OperatorPrefix != "" && o.TrustDomain == "":
+		return fmt.Errorf("--operator-prefix needs --trust-domain and --tls-client-ca: operators are identified by their client certificates")
+	case o.TLSReloadInterval < 0:
+		return fmt.Errorf("--tls-reload-interval must be positive")
+	}
+	if o.TrustDomain != "" {
+		if err := authz.ValidateTrustDomain(o.TrustDomain); err != nil {
+			return fmt.Errorf("--trust-domain: %v", err)
+		}
+		if _, err := authz.NormalizeOperatorPrefix(o.TrustDomain, o.OperatorPrefix); err != nil {
+			return fmt.Errorf("--operator-prefix: %v", err)
+		}
+	}
+	if o.EtcdTLSEnabled() {
+		switch {
+		case (o.EtcdCert == "") != (o.EtcdKey == ""):
+			return fmt.Errorf("--etcd-cert and --etcd-key go together: give the registrar's etcd client certificate and its key, or neither")
+		case len(o.EtcdEndpoints) == 0:
+			return fmt.Errorf("--etcd-cacert, --etcd-cert and --etcd-key apply to an external etcd: add --etcd-endpoints https://HOST:2379 or drop them (the embedded etcd is reached over loopback)")
+		}
+		for _, ep := range o.EtcdEndpoints {
+			if strings.HasPrefix(strings.TrimSpace(ep), "http://") {
+				return fmt.Errorf("--etcd-endpoints %s is plaintext but etcd TLS is configured (--etcd-cacert/--etcd-cert/--etcd-key); use https://%s", ep, strings.TrimPrefix(strings.TrimSpace(ep), "http://"))
+			}
 		}
 	}
 	return nil

@@ -161,10 +161,25 @@ func (r *Registrar) PendingWrites() int {
 	return r.st.queue.depth()
 }
 
+// WriteCheck decides whether a write may go ahead. It is called under the
+// registrar's lock, between looking up the endpoint stored under the key
+// and writing it, so what it sees cannot change before the write: ep is
+// the endpoint the write would store (normalized; nil for unregister and
+// for drain) and stored the endpoint the snapshot holds under its key (nil
+// if none). A non-nil error aborts the write and is returned as is. It
+// must be fast and must not call the Registrar.
+type WriteCheck func(ep, stored *registryv1.ServiceEndpoint) error
+
 // Register validates an endpoint, fills in this registrar's origin, applies
 // it to the snapshot and pushes it to watchers. It returns once the write is
 // queued for persistence.
 func (r *Registrar) Register(ep *registryv1.ServiceEndpoint) (*registryv1.ServiceEndpoint, string, error) {
+	return r.RegisterChecked(ep, nil)
+}
+
+// RegisterChecked is Register with a WriteCheck (nil: none) that runs after
+// validation, under the lock, before anything is written.
+func (r *Registrar) RegisterChecked(ep *registryv1.ServiceEndpoint, check WriteCheck) (*registryv1.ServiceEndpoint, string, error) {
 	if ep != nil {
 		region, cluster := ep.GetRegion(), ep.GetCluster()
 		if err := r.claimOrigin(&region, &cluster, "endpoint."); err != nil {
@@ -180,6 +195,12 @@ func (r *Registrar) Register(ep *registryv1.ServiceEndpoint) (*registryv1.Servic
 		return nil, "", err
 	}
 	r.mu.Lock()
+	if check != nil {
+		if err := check(norm, r.st.get(registry.IDOf(norm))); err != nil {
+			r.mu.Unlock()
+			return nil, "", err
+		}
+	}
 	stored, ev, err := r.st.register(norm, r.now())
 	v := r.st.version().String()
 	if ev != nil {
@@ -196,7 +217,13 @@ func (r *Registrar) Register(ep *registryv1.ServiceEndpoint) (*registryv1.Servic
 
 // Unregister removes an endpoint of this registrar's origin.
 func (r *Registrar) Unregister(id registry.EndpointID) (string, error) {
-	_, v, err := r.change(id, func(st *state, id registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
+	return r.UnregisterChecked(id, nil)
+}
+
+// UnregisterChecked is Unregister with a WriteCheck (nil: none), called
+// only if the endpoint exists (otherwise the result is NOT_FOUND).
+func (r *Registrar) UnregisterChecked(id registry.EndpointID, check WriteCheck) (string, error) {
+	_, v, err := r.change(id, check, func(st *state, id registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
 		ev, err := st.unregister(id)
 		return nil, ev, err
 	})
@@ -205,14 +232,21 @@ func (r *Registrar) Unregister(id registry.EndpointID) (string, error) {
 
 // Drain marks an endpoint of this registrar's origin DRAINING.
 func (r *Registrar) Drain(id registry.EndpointID) (*registryv1.ServiceEndpoint, string, error) {
-	return r.change(id, func(st *state, id registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
+	return r.DrainChecked(id, nil)
+}
+
+// DrainChecked is Drain with a WriteCheck (nil: none), called only if the
+// endpoint exists (otherwise the result is NOT_FOUND).
+func (r *Registrar) DrainChecked(id registry.EndpointID, check WriteCheck) (*registryv1.ServiceEndpoint, string, error) {
+	return r.change(id, check, func(st *state, id registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
 		return st.drain(id, r.now())
 	})
 }
 
 // change validates an endpoint identity from a request and applies fn to it
-// under the lock, broadcasting the event it yields.
-func (r *Registrar) change(id registry.EndpointID, fn func(*state, registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error)) (*registryv1.ServiceEndpoint, string, error) {
+// under the lock, broadcasting the event it yields. check, if set, runs
+// first under the same lock when the endpoint exists.
+func (r *Registrar) change(id registry.EndpointID, check WriteCheck, fn func(*state, registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error)) (*registryv1.ServiceEndpoint, string, error) {
 	if err := r.claimOrigin(&id.Region, &id.Cluster, ""); err != nil {
 		return nil, "", err
 	}
@@ -228,6 +262,14 @@ func (r *Registrar) change(id registry.EndpointID, fn func(*state, registry.Endp
 	}
 	id.IP = ip
 	r.mu.Lock()
+	if check != nil {
+		if stored := r.st.get(id); stored != nil {
+			if err := check(nil, stored); err != nil {
+				r.mu.Unlock()
+				return nil, "", err
+			}
+		}
+	}
 	ep, ev, err := fn(r.st, id)
 	v := r.st.version().String()
 	if ev != nil {

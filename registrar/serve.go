@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -13,14 +14,17 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	"github.com/aethermesh/aether/authz"
 	"github.com/aethermesh/aether/embedetcd"
 	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/pki"
 	"github.com/aethermesh/aether/registry"
 	"github.com/aethermesh/aether/replicator"
 )
@@ -37,6 +41,8 @@ type Server struct {
 	http    *http.Server
 	grpcLis net.Listener
 	httpLis net.Listener
+
+	tls *pki.Reloader // nil without --tls-cert
 
 	repl     *replicator.Replicator // nil without --peer-etcd
 	replStop context.CancelFunc
@@ -107,19 +113,58 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		endpoints = s.etcd.Endpoints()
 		log.Info("embedded etcd started", "data_dir", opts.DataDir, "endpoints", endpoints)
 	}
-	s.cli, err = clientv3.New(clientv3.Config{
+	etcdCfg := clientv3.Config{
 		Endpoints:            endpoints,
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 		Logger:               zap.NewNop(),
-	})
+	}
+	if opts.EtcdTLSEnabled() {
+		// Static: a registrar restarts to pick up a new etcd client
+		// certificate (the etcd client keeps one TLS config).
+		if etcdCfg.TLS, err = pki.ClientTLSConfig(opts.EtcdCACert, opts.EtcdCert, opts.EtcdKey); err != nil {
+			return nil, fmt.Errorf("--etcd-cacert/--etcd-cert/--etcd-key: %w", err)
+		}
+	}
+	s.cli, err = clientv3.New(etcdCfg)
 	if err != nil {
 		return nil, fmt.Errorf("--etcd-endpoints %v: %w", endpoints, err)
 	}
 	s.reg, err = New(opts, etcdstore.New(s.cli, etcdstore.Options{Logger: log}))
 	if err != nil {
 		return nil, err
+	}
+
+	var grpcCreds []grpc.ServerOption
+	if opts.TLSEnabled() {
+		var cfg *tls.Config
+		cfg, s.tls, err = pki.ServerTLSConfig(opts.TLSCertFile, opts.TLSKeyFile, opts.TLSClientCAFile, opts.AuthzEnabled(), opts.TLSReloadInterval, pki.WithLogger(log))
+		if err != nil {
+			return nil, fmt.Errorf("--tls-cert/--tls-key/--tls-client-ca: %w", err)
+		}
+		grpcCreds = append(grpcCreds, grpc.Creds(credentials.NewTLS(cfg)))
+		// HTTP (/healthz, /readyz, /metrics) serves the same, reloaded
+		// certificate but asks for no client certificate: health probes and
+		// scrapers rarely have one, and these endpoints write nothing.
+		s.httpLis = tls.NewListener(s.httpLis, &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: s.tls.GetCertificate,
+			NextProtos:     []string{"h2", "http/1.1"},
+		})
+		if opts.AuthzEnabled() {
+			prefix, _ := authz.NormalizeOperatorPrefix(opts.TrustDomain, opts.OperatorPrefix) // validated
+			log.Info("mTLS on: client certificates required, calls authorized per identity",
+				"trust_domain", opts.TrustDomain, "operator_prefix", prefix, "cert", opts.TLSCertFile, "client_ca", opts.TLSClientCAFile)
+		} else {
+			log.Warn("TLS without --tls-client-ca: clients are NOT authenticated and any client may write any endpoint; add --tls-client-ca and --trust-domain for production",
+				"cert", opts.TLSCertFile)
+		}
+	} else {
+		log.Warn("PLAINTEXT: no --tls-cert/--tls-key, so gRPC and HTTP are unencrypted and unauthenticated and any client may write any endpoint; use this for local development only (see docs/security.md)")
+	}
+	if len(opts.EtcdEndpoints) > 0 && !opts.EtcdTLSEnabled() {
+		log.Warn("etcd client connection without TLS (no --etcd-cacert/--etcd-cert/--etcd-key)", "endpoints", opts.EtcdEndpoints)
 	}
 
 	s.health = health.NewServer()
@@ -140,10 +185,10 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		return nil, err
 	}
 
-	s.grpc = grpc.NewServer(
+	s.grpc = grpc.NewServer(append(grpcCreds,
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-	)
+	)...)
 	s.reg.RegisterGRPC(s.grpc)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
@@ -181,7 +226,7 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(registrarv1.Registrar_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	log.Info("registrar serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(),
-		"cluster", opts.ClusterName, "region", opts.Region)
+		"cluster", opts.ClusterName, "region", opts.Region, "tls", opts.TLSEnabled(), "mtls", opts.AuthzEnabled())
 	return s, nil
 }
 
@@ -248,6 +293,9 @@ func (s *Server) teardown() {
 	}
 	if s.cli != nil {
 		_ = s.cli.Close()
+	}
+	if s.tls != nil {
+		_ = s.tls.Close()
 	}
 	if s.etcd != nil {
 		s.etcd.Close()

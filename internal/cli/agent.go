@@ -12,9 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 
 	"github.com/aethermesh/aether/agent"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/pki"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -25,6 +27,7 @@ func newAgentCmd() *cobra.Command {
 		endpoints, labels   []string
 		httpAddr            string
 		logLevel, logFormat string
+		tf                  tlsFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -44,7 +47,9 @@ disappear once the registrar's --node-ttl passes. On SIGTERM the agent
 drains its endpoints, waits --drain-period, deregisters them, removes the
 node record and exits 0.`,
 		Example: `  aether agent --node node-a --zone z1 --registrar 10.0.0.10:9443,10.0.0.11:9443 \
-    --endpoint web=10.0.1.5:8080/http --endpoint api=10.0.1.5:9090/grpc`,
+    --endpoint web=10.0.1.5:8080/http --endpoint api=10.0.1.5:9090/grpc
+  aether agent --node node-a --cacert ca.pem --cert node-node-a.pem --key node-node-a-key.pem \
+    --endpoint web=10.0.1.5:8080/http`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(cmd.ErrOrStderr(), logLevel, logFormat)
@@ -85,12 +90,28 @@ node record and exits 0.`,
 					return fmt.Errorf("--address: %w", err)
 				}
 			}
+			if tf.enabled() {
+				if err := tf.validate(); err != nil {
+					return err
+				}
+				// Reloaded: a long-running agent picks up a renewed
+				// certificate on its next connection, without a restart.
+				creds, rl, err := pki.ClientCredentials(tf.cacert, tf.cert, tf.key, 30*time.Second, pki.WithLogger(log))
+				if err != nil {
+					return fmt.Errorf("--cacert/--cert/--key: %w", err)
+				}
+				defer rl.Close()
+				cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 			cfg.Registerer = reg
 			a, err := agent.New(cfg)
 			if err != nil {
 				return err
+			}
+			if !tf.enabled() {
+				log.Warn("connecting to the registrars in plaintext (no --cacert/--cert/--key): development only; see docs/security.md")
 			}
 			if httpAddr != "" {
 				lis, err := net.Listen("tcp", httpAddr)
@@ -121,6 +142,7 @@ node record and exits 0.`,
 	f.StringVar(&httpAddr, "http-addr", "", "serve /metrics and /healthz here (off when empty)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
+	addTLSFlags(f, &tf)
 	return cmd
 }
 

@@ -217,9 +217,9 @@ func printIssued(w io.Writer, iss *pki.Issued) error {
 	case pki.Server:
 		_, err = fmt.Fprintf(w, "use: aether registrar --trust-domain %s --tls-cert %s --tls-key %s --tls-client-ca %s\n", iss.TrustDomain, cert, key, ca)
 	case pki.Node:
-		_, err = fmt.Fprintf(w, "use: aether agent --node %s --tls-ca %s --tls-cert %s --tls-key %s\n", iss.Name, ca, cert, key)
+		_, err = fmt.Fprintf(w, "use: aether agent --node %s --cacert %s --cert %s --key %s\n", iss.Name, ca, cert, key)
 	default:
-		_, err = fmt.Fprintf(w, "use: export AETHER_TLS_CA=%s AETHER_TLS_CERT=%s AETHER_TLS_KEY=%s  # then aether list, drain, ...\n", ca, cert, key)
+		_, err = fmt.Fprintf(w, "use: export AETHER_CACERT=%s AETHER_CERT=%s AETHER_KEY=%s  # then aether list, drain, ...\n", ca, cert, key)
 	}
 	return err
 }

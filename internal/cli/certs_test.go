@@ -75,7 +75,7 @@ func TestCertsThreeCommands(t *testing.T) {
 	nodeCert, nodeKey := filepath.Join(dir, "node-node-a.pem"), filepath.Join(dir, "node-node-a-key.pem")
 	wantContains(t, "issue --node output", res.stdout,
 		"issued node certificate spiffe://example.org/node/node-a",
-		"use: aether agent --node node-a --tls-ca "+filepath.Join(dir, "ca.pem")+" --tls-cert "+nodeCert+" --tls-key "+nodeKey)
+		"use: aether agent --node node-a --cacert "+filepath.Join(dir, "ca.pem")+" --cert "+nodeCert+" --key "+nodeKey)
 
 	// The files work: a handshake over loopback that requires the client
 	// certificate.
@@ -136,7 +136,7 @@ func TestCertsIssue(t *testing.T) {
 	opCert := filepath.Join(out, "operator-alice.pem")
 	wantContains(t, "issue --operator output", res.stdout,
 		"issued operator certificate spiffe://mesh.internal/operator/alice",
-		"use: export AETHER_TLS_CA="+filepath.Join(dir, "ca.pem")+" AETHER_TLS_CERT="+opCert+" AETHER_TLS_KEY="+filepath.Join(out, "operator-alice-key.pem")+"  # then aether list")
+		"use: export AETHER_CACERT="+filepath.Join(dir, "ca.pem")+" AETHER_CERT="+opCert+" AETHER_KEY="+filepath.Join(out, "operator-alice-key.pem")+"  # then aether list")
 	c := readLeaf(t, opCert)
 	if len(c.URIs) != 1 || c.URIs[0].String() != "spiffe://mesh.internal/operator/alice" {
 		t.Errorf("operator URIs %v", c.URIs)

@@ -120,6 +120,10 @@ func TestRegistrarFlagErrors(t *testing.T) {
 		{"env int", map[string]string{"AETHER_WRITE_QUEUE_LIMIT": "lots"}, nil, `invalid environment variable AETHER_WRITE_QUEUE_LIMIT="lots" for --write-queue-limit`},
 		{"env duration", map[string]string{"AETHER_WATCH_PROGRESS_INTERVAL": "10"}, nil, `AETHER_WATCH_PROGRESS_INTERVAL="10" for --watch-progress-interval: time: missing unit in duration "10"`},
 		{"env validated", map[string]string{"AETHER_REGION": "a..b"}, nil, `--region: region "a..b" must not contain ".."`},
+		{"tls cert without key", nil, []string{"--tls-cert", "s.pem"}, "--tls-cert needs --tls-key"},
+		{"client ca without trust domain", map[string]string{"AETHER_TLS_CERT": "s.pem", "AETHER_TLS_KEY": "k.pem"}, []string{"--tls-client-ca", "ca.pem"},
+			"--tls-client-ca needs --trust-domain"},
+		{"etcd tls without endpoints", nil, []string{"--etcd-cacert", "ca.pem"}, "add --etcd-endpoints https://HOST:2379"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -213,9 +217,34 @@ func TestRegistrarOptions(t *testing.T) {
 			NodeTTL:              45 * time.Second,
 			PeerEtcd:             []string{"us-east=http://p1:2379,http://p2:2379", "ap-south=http://p3:2379"},
 			ReplicationLeaseTTL:  10 * time.Second,
+			TLSReloadInterval:    10 * time.Second, // the flag's default
 		}
 		if !optionsEqual(got, want) {
 			t.Errorf("options\n got %+v\nwant %+v", got, want)
+		}
+	})
+
+	t.Run("security flags and env", func(t *testing.T) {
+		t.Parallel()
+		env := map[string]string{
+			"AETHER_TLS_CERT":      "/etc/aether/server.pem",
+			"AETHER_TLS_KEY":       "/etc/aether/server-key.pem",
+			"AETHER_TLS_CLIENT_CA": "/etc/aether/ca.pem",
+			"AETHER_TRUST_DOMAIN":  "example.org",
+			"AETHER_ETCD_CACERT":   "/etc/etcd/ca.pem",
+			"AETHER_ETCD_CERT":     "/etc/etcd/client.pem",
+			"AETHER_ETCD_KEY":      "/etc/etcd/client-key.pem",
+		}
+		res := runCLI(t, nil, env, "registrar", "--etcd-endpoints", "https://e1:2379",
+			"--operator-prefix", "spiffe://example.org/ops/", "--tls-reload-interval", "1m")
+		if res.err != nil {
+			t.Fatal(res.err)
+		}
+		o := *res.served
+		got := []string{o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile, o.TrustDomain, o.OperatorPrefix, o.TLSReloadInterval.String(), o.EtcdCACert, o.EtcdCert, o.EtcdKey}
+		want := []string{"/etc/aether/server.pem", "/etc/aether/server-key.pem", "/etc/aether/ca.pem", "example.org", "spiffe://example.org/ops/", "1m0s", "/etc/etcd/ca.pem", "/etc/etcd/client.pem", "/etc/etcd/client-key.pem"}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("security options\n got %q\nwant %q", got, want)
 		}
 	})
 

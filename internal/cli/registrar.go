@@ -32,10 +32,17 @@ func newRegistrarCmd(d deps) *cobra.Command {
 With no --etcd-endpoints the registrar runs an embedded etcd in --data-dir.
 It serves the Registrar gRPC API on --grpc-addr and /healthz, /readyz and
 /metrics on --http-addr, and runs until interrupted (SIGINT or SIGTERM),
-then shuts down gracefully.`,
+then shuts down gracefully.
+
+With --tls-cert and --tls-key it serves TLS; with --tls-client-ca and
+--trust-domain as well it requires client certificates and lets a node
+write only its own endpoints and node record (see docs/security.md).
+Without them it serves plaintext and warns: development only.`,
 		Example: `  aether registrar --cluster-name c1 --region eu-west --zone eu-west-1a
   aether registrar --etcd-endpoints http://etcd-0:2379,http://etcd-1:2379
-  AETHER_GRPC_ADDR=:9443 AETHER_LOG_FORMAT=json aether registrar`,
+  AETHER_GRPC_ADDR=:9443 AETHER_LOG_FORMAT=json aether registrar
+  aether registrar --trust-domain example.org --tls-cert server-localhost.pem \
+    --tls-key server-localhost-key.pem --tls-client-ca ca.pem`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			logger, err := newLogger(cmd.ErrOrStderr(), logLevel, logFormat)
@@ -71,6 +78,15 @@ then shuts down gracefully.`,
 	f.StringArrayVar(&opts.PeerEtcd, "peer-etcd", nil, "peer region's etcd for multi-region replication, region=endpoint[,endpoint] (repeatable)")
 	f.DurationVar(&opts.ReplicationLeaseTTL, "replication-lease-ttl", opts.ReplicationLeaseTTL, "lease TTL of this region's keys mirrored into peer regions; they expire there this long after the region stops renewing it")
 	f.DurationVar(&opts.NodeTTL, "node-ttl", opts.NodeTTL, "lease TTL of node records: a node whose heartbeats stop disappears, with its endpoints, this long after its last heartbeat")
+	f.StringVar(&opts.TLSCertFile, "tls-cert", "", "serve gRPC and HTTP over TLS with this certificate (PEM; reloaded when the file changes); without it the registrar serves plaintext, for development only")
+	f.StringVar(&opts.TLSKeyFile, "tls-key", "", "private key of --tls-cert (PEM)")
+	f.StringVar(&opts.TLSClientCAFile, "tls-client-ca", "", "require gRPC client certificates issued by this CA (PEM bundle) and authorize each call by the caller's SPIFFE ID; needs --trust-domain")
+	f.StringVar(&opts.TrustDomain, "trust-domain", "", "SPIFFE trust domain of client identities (e.g. example.org); certificates from another trust domain are rejected")
+	f.StringVar(&opts.OperatorPrefix, "operator-prefix", "", "SPIFFE ID prefix of operator identities, which may write anything (default spiffe://<trust-domain>/operator/)")
+	f.DurationVar(&opts.TLSReloadInterval, "tls-reload-interval", opts.TLSReloadInterval, "check --tls-cert, --tls-key and --tls-client-ca for changes every interval")
+	f.StringVar(&opts.EtcdCACert, "etcd-cacert", "", "CA bundle (PEM) to verify an external etcd's server certificate (https:// --etcd-endpoints)")
+	f.StringVar(&opts.EtcdCert, "etcd-cert", "", "client certificate (PEM) for an external etcd that requires one")
+	f.StringVar(&opts.EtcdKey, "etcd-key", "", "private key of --etcd-cert (PEM)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	return cmd
