@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 )
@@ -15,6 +16,39 @@ import (
 // Options choose what Run measures.
 type Options struct {
 	Quick bool // small sizes, finishes in well under a minute
+	// Scenarios are the groups to run, from Scenarios; empty means all.
+	Scenarios []string
+}
+
+// Scenario groups, each of which owns one section of docs/benchmarks.md.
+const (
+	// ScenarioRegistrar: propagation, write throughput, write-behind drain
+	// and the agent cache read (the "Registrar core" section).
+	ScenarioRegistrar = "registrar"
+	// ScenarioReplication: multi-region replication lag and convergence,
+	// with etcdctl make-mirror alongside in the full run.
+	ScenarioReplication = "replication"
+)
+
+// Scenarios lists every scenario group in the order Run runs them.
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication}
+
+// selected reports which groups o asks for, or an error naming an unknown one.
+func (o Options) selected() (map[string]bool, error) {
+	sel := map[string]bool{}
+	if len(o.Scenarios) == 0 {
+		for _, s := range Scenarios {
+			sel[s] = true
+		}
+		return sel, nil
+	}
+	for _, s := range o.Scenarios {
+		if !slices.Contains(Scenarios, s) {
+			return nil, fmt.Errorf("unknown scenario %q; choose from %s", s, strings.Join(Scenarios, ", "))
+		}
+		sel[s] = true
+	}
+	return sel, nil
 }
 
 // Report is everything one run measured, with where and how.
@@ -26,15 +60,51 @@ type Report struct {
 	Writes      []WritesResult      `json:"writes"`
 	CacheRead   CacheReadResult     `json:"client_cache_read"`
 	Drain       DrainResult         `json:"write_behind_drain"`
+	Replication *ReplicationResult  `json:"replication,omitempty"`
 }
 
-// Run runs every scenario in turn, printing progress to w.
+// Run runs the selected scenarios in turn, printing progress to w.
 func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, error) {
+	r := Report{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), Machine: machine(), Command: command}
+	sel, err := o.selected()
+	if err != nil {
+		return r, err
+	}
+	if sel[ScenarioRegistrar] {
+		if err := runRegistrar(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioReplication] {
+		rc := ReplicationConfig{
+			Changes:       10000,
+			Partition:     time.Minute,
+			PartitionRate: 200,
+			// The default TTL, which a one-minute partition outlasts, and
+			// one twice the partition, which it does not.
+			LeaseTTLs:  []time.Duration{30 * time.Second, 2 * time.Minute},
+			MakeMirror: true,
+		}
+		if o.Quick {
+			rc.Changes, rc.Partition = 1000, 5*time.Second
+			rc.LeaseTTLs = []time.Duration{30 * time.Second}
+			rc.MakeMirror = false
+		}
+		fmt.Fprintf(w, "replication: region %s mirrored into %s's etcd through a fault proxy...\n", replOrigin, replPeer)
+		res, err := Replication(ctx, rc, w)
+		if err != nil {
+			return r, fmt.Errorf("replication: %w", err)
+		}
+		r.Replication = &res
+	}
+	return r, nil
+}
+
+func runRegistrar(ctx context.Context, o Options, r *Report, w io.Writer) error {
 	changes, regs := 5000, 20000
 	if o.Quick {
 		changes, regs = 500, 2000
 	}
-	r := Report{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), Machine: machine(), Command: command}
 	for _, pc := range []PropagationConfig{
 		{Changes: changes / 25, Interval: 200 * time.Millisecond},                                // ~5/s, a quiet cluster: no batching delay
 		{Changes: changes, Interval: 2 * time.Millisecond},                                       // ~400/s, default batching
@@ -44,7 +114,7 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 		fmt.Fprintf(w, "propagation: %d registrations, one every %v, --write-batch-interval %v...\n", pc.Changes, pc.Interval, orDefault(pc.BatchInterval))
 		res, err := Propagation(ctx, pc)
 		if err != nil {
-			return r, fmt.Errorf("propagation: %w", err)
+			return fmt.Errorf("propagation: %w", err)
 		}
 		fmt.Fprintf(w, "  same replica:  %s\n  cross replica: %s\n", res.SameReplica, res.CrossReplica)
 		r.Propagation = append(r.Propagation, res)
@@ -57,7 +127,7 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 		fmt.Fprintf(w, "writes: %d registrations, %d concurrent callers, write-behind vs direct etcd Put...\n", wc.Registrations, wc.Concurrency)
 		res, err := Writes(ctx, wc)
 		if err != nil {
-			return r, fmt.Errorf("writes: %w", err)
+			return fmt.Errorf("writes: %w", err)
 		}
 		fmt.Fprintf(w, "  write-behind: %.0f/s persisted (%.0f/s acknowledged, %d etcd revisions)\n  direct Put:   %.0f/s (%d etcd revisions)\n  speedup:      %.1fx\n",
 			res.WriteBehindPS, res.AckPS, res.EtcdTxns, res.DirectPutPS, res.Registrations, res.Speedup)
@@ -66,15 +136,15 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	var err error
 	fmt.Fprintf(w, "write-behind drain: %d queued registrations persisted by one flush...\n", regs)
 	if r.Drain, err = Drain(ctx, regs); err != nil {
-		return r, fmt.Errorf("drain: %w", err)
+		return fmt.Errorf("drain: %w", err)
 	}
 	fmt.Fprintf(w, "  %.0f/s in %d etcd revisions\n", r.Drain.DrainPS, r.Drain.Revisions)
 	fmt.Fprintf(w, "client cache read: 20 services x 10 endpoints, Client.Endpoints on one...\n")
 	if r.CacheRead, err = CacheRead(ctx, 20, 10); err != nil {
-		return r, fmt.Errorf("cache read: %w", err)
+		return fmt.Errorf("cache read: %w", err)
 	}
 	fmt.Fprintf(w, "  %.1f ns/read (%d allocs), %.1f ns/read on all cores\n", r.CacheRead.NsPerRead, r.CacheRead.AllocsPerOp, r.CacheRead.ParallelNsOp)
-	return r, nil
+	return nil
 }
 
 func orDefault(d time.Duration) string {
@@ -93,14 +163,53 @@ func (r Report) JSON() string {
 const (
 	beginMark = "<!-- bench:registrar:begin -->"
 	endMark   = "<!-- bench:registrar:end -->"
+
+	replBeginMark = "<!-- bench:replication:begin -->"
+	replEndMark   = "<!-- bench:replication:end -->"
 )
 
-// Markdown renders the report as the section of docs/benchmarks.md it owns.
+// section is one marked section of docs/benchmarks.md.
+type section struct {
+	begin, end string
+	render     func(*strings.Builder)
+}
+
+// sections are the sections this report has figures for: a run of some
+// scenarios leaves the others' sections alone.
+func (r Report) sections() []section {
+	var out []section
+	if len(r.Propagation) > 0 || len(r.Writes) > 0 || r.Drain.Registrations > 0 || r.CacheRead.Services > 0 {
+		out = append(out, section{beginMark, endMark, r.registrarMarkdown})
+	}
+	if r.Replication != nil {
+		out = append(out, section{replBeginMark, replEndMark, r.replicationMarkdown})
+	}
+	return out
+}
+
+// Markdown renders the sections of docs/benchmarks.md this report owns.
 func (r Report) Markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s\n", beginMark)
-	fmt.Fprintf(&b, "### Registrar core (last run %s)\n\n", r.Date)
-	fmt.Fprintf(&b, "- Machine: %s\n- Command: `%s`\n\n", r.Machine, r.Command)
+	for i, s := range r.sections() {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString(s.markdown(r))
+	}
+	return b.String()
+}
+
+func (s section) markdown(r Report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n", s.begin)
+	s.render(&b)
+	fmt.Fprintf(&b, "%s\n", s.end)
+	return b.String()
+}
+
+func (r Report) registrarMarkdown(b *strings.Builder) {
+	fmt.Fprintf(b, "### Registrar core (last run %s)\n\n", r.Date)
+	fmt.Fprintf(b, "- Machine: %s\n- Command: `%s`\n\n", r.Machine, r.Command)
 	b.WriteString("**Propagation.** Registrations through replica A, one at a time at a steady rate; latency from the RegisterEndpoint call to a watcher's receipt. Replica B shares A's etcd and learns of A's writes only through its etcd watch, after A's write-behind flush; so B's latency is bounded by `--write-batch-interval`.\n\n")
 	b.WriteString("| rate | --write-batch-interval | path | p50 | p99 | p99.9 | max |\n|---|---|---|---|---|---|---|\n")
 	for _, p := range r.Propagation {
@@ -108,24 +217,22 @@ func (r Report) Markdown() string {
 			name string
 			l    Latencies
 		}{{"same replica", p.SameReplica}, {"cross replica", p.CrossReplica}} {
-			fmt.Fprintf(&b, "| %.0f/s | %s | %s | %.2f ms | %.2f ms | %.2f ms | %.2f ms |\n", p.RatePerSec, p.BatchInterval, row.name, row.l.P50, row.l.P99, row.l.P999, row.l.Max)
+			fmt.Fprintf(b, "| %.0f/s | %s | %s | %.2f ms | %.2f ms | %.2f ms | %.2f ms |\n", p.RatePerSec, p.BatchInterval, row.name, row.l.P50, row.l.P99, row.l.P999, row.l.Max)
 		}
 	}
 	b.WriteString("\n**Write throughput.** The same number of registrations through the registrar (write-behind) and as one etcd Put each, against the same embedded etcd in the same run. Write-behind is counted until etcd holds every registration.\n\n")
 	b.WriteString("| callers | registrations | write-behind, persisted | write-behind, acknowledged | direct Put | speedup | etcd revisions (write-behind / direct) |\n|---|---|---|---|---|---|---|\n")
 	for _, w := range r.Writes {
-		fmt.Fprintf(&b, "| %d | %d | %.0f/s | %.0f/s | %.0f/s | %.1f× | %d / %d |\n", w.Concurrency, w.Registrations, w.WriteBehindPS, w.AckPS, w.DirectPutPS, w.Speedup, w.EtcdTxns, w.Registrations)
+		fmt.Fprintf(b, "| %d | %d | %.0f/s | %.0f/s | %.0f/s | %.1f× | %d / %d |\n", w.Concurrency, w.Registrations, w.WriteBehindPS, w.AckPS, w.DirectPutPS, w.Speedup, w.EtcdTxns, w.Registrations)
 	}
-	fmt.Fprintf(&b, "\n**etcd side of write-behind.** %d acknowledged registrations queued in a registrar (flusher held back), then persisted by its flush: **%.0f/s**, in %d etcd revisions. Compare the direct-Put rows above: this is the rate etcd absorbs registrations once they are coalesced, independent of how fast one registrar's gRPC front end can acknowledge them on this machine.\n",
+	fmt.Fprintf(b, "\n**etcd side of write-behind.** %d acknowledged registrations queued in a registrar (flusher held back), then persisted by its flush: **%.0f/s**, in %d etcd revisions. Compare the direct-Put rows above: this is the rate etcd absorbs registrations once they are coalesced, independent of how fast one registrar's gRPC front end can acknowledge them on this machine.\n",
 		r.Drain.Registrations, r.Drain.DrainPS, r.Drain.Revisions)
 	cr := r.CacheRead
-	fmt.Fprintf(&b, "\n**Agent cache read.** `client.Client.Endpoints` for one service on a client synced to a real registrar holding %d services × %d endpoints: **%.1f ns** per read (%d allocations); %.1f ns per read with every core reading. The Go benchmark `go test -run x -bench EndpointsCacheHit ./client/` measures the same.\n",
+	fmt.Fprintf(b, "\n**Agent cache read.** `client.Client.Endpoints` for one service on a client synced to a real registrar holding %d services × %d endpoints: **%.1f ns** per read (%d allocations); %.1f ns per read with every core reading. The Go benchmark `go test -run x -bench EndpointsCacheHit ./client/` measures the same.\n",
 		cr.Services, cr.PerService, cr.NsPerRead, cr.AllocsPerOp, cr.ParallelNsOp)
-	fmt.Fprintf(&b, "%s\n", endMark)
-	return b.String()
 }
 
-// UpdateFile replaces the report's section in path (creating the file if
+// UpdateFile replaces the report's sections in path (creating the file if
 // needed), leaving the rest of the document alone.
 func (r Report) UpdateFile(path string) error {
 	old, err := os.ReadFile(path)
@@ -133,14 +240,16 @@ func (r Report) UpdateFile(path string) error {
 		return err
 	}
 	doc := string(old)
-	sec := r.Markdown()
-	if i, j := strings.Index(doc, beginMark), strings.Index(doc, endMark); i >= 0 && j > i {
-		doc = doc[:i] + sec + strings.TrimPrefix(doc[j+len(endMark):], "\n")
-	} else {
-		if doc == "" {
-			doc = "# Benchmarks\n\n"
+	for _, s := range r.sections() {
+		sec := s.markdown(r)
+		if i, j := strings.Index(doc, s.begin), strings.Index(doc, s.end); i >= 0 && j > i {
+			doc = doc[:i] + sec + strings.TrimPrefix(doc[j+len(s.end):], "\n")
+		} else {
+			if doc == "" {
+				doc = "# Benchmarks\n\n"
+			}
+			doc = strings.TrimRight(doc, "\n") + "\n\n" + sec
 		}
-		doc = strings.TrimRight(doc, "\n") + "\n\n" + sec
 	}
 	return os.WriteFile(path, []byte(doc), 0o644)
 }
