@@ -89,8 +89,8 @@ func TestUnplaceableEntryStopsBeforeAnyWrite(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	legacyPut(t, cli, "/aether/services/pay/protocols/grpc/endpoints/10.0.0.1", legacyEP("pay", "10.0.0.1", "eu", "c1"))
-	legacyPut(t, cli, "/aether/services/pay/protocols/grpc/endpoints/10.0.0.3", legacyEP("pay", "10.0.0.3", "", "")) // no origin
-	legacyPut(t, cli, "/aether/services/pay/protocols/grpc/endpoints/10.0.0.4", legacyEP("pay", "10.0.0.5", "eu", "c1"))  // key/value disagree
+	legacyPut(t, cli, "/aether/services/pay/protocols/grpc/endpoints/10.0.0.3", legacyEP("pay", "10.0.0.3", "", ""))     // no origin
+	legacyPut(t, cli, "/aether/services/pay/protocols/grpc/endpoints/10.0.0.4", legacyEP("pay", "10.0.0.5", "eu", "c1")) // key/value disagree
 	if _, err := cli.Put(ctx, "/aether/services/junk", "x"); err != nil {
 		t.Fatal(err)
 	}
