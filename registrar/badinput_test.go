@@ -64,7 +64,7 @@ func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
 		{"unspecified protocol", reg(good(func(e *registryv1.ServiceEndpoint) { e.Protocol = 0 })), codes.InvalidArgument, "endpoint.protocol: protocol must be set"},
 		{"unknown protocol", reg(good(func(e *registryv1.ServiceEndpoint) { e.Protocol = 99 })), codes.InvalidArgument, "unknown protocol 99"},
 		{"unknown state", reg(good(func(e *registryv1.ServiceEndpoint) { e.State = 5 })), codes.InvalidArgument, "unknown state 5"},
-		{"too much metadata", reg(good(func(e *registryv1.ServiceEndpoint) { e.Metadata = manyMeta })), codes.InvalidArgument, "40 entries exceed the limit of 32"},
+		{"too much metadata", reg(good(func(e *registryv1.ServiceEndpoint) { e.Metadata = manyMeta })), codes.InvalidArgument, "40 entries exceed the limit of 32 (--max-metadata-entries)"},
 		{"oversized metadata value", reg(good(func(e *registryv1.ServiceEndpoint) { e.Metadata = map[string]string{"k": strings.Repeat("v", 1000)} })), codes.InvalidArgument, "1000 bytes; the limit is 256"},
 		{"foreign region", reg(good(func(e *registryv1.ServiceEndpoint) { e.Region = "r2" })), codes.InvalidArgument, `endpoint.region: "r2" is not this registrar's region "r1"`},
 		{"foreign cluster", reg(good(func(e *registryv1.ServiceEndpoint) { e.Cluster = "c9" })), codes.InvalidArgument, `endpoint.cluster: "c9" is not this registrar's cluster "c1"`},

@@ -28,13 +28,16 @@ const snapshotChunk = 1000
 // and nothing is checked.
 type service struct {
 	registrarv1.UnimplementedRegistrarServer
-	r *Registrar
-	g *guard
+	r       *Registrar
+	g       *guard
+	streams *streamLimiter
 }
 
 // RegisterGRPC registers the Registrar API on s.
 func (r *Registrar) RegisterGRPC(s grpc.ServiceRegistrar) {
-	registrarv1.RegisterRegistrarServer(s, &service{r: r, g: newGuard(r)})
+	registrarv1.RegisterRegistrarServer(s, &service{r: r, g: newGuard(r), streams: newStreamLimiter(r.opts.MaxStreamsPerIdentity, func() {
+		r.metrics.rejected.WithLabelValues("stream_limit").Inc()
+	})})
 }
 
 func (s *service) RegisterEndpoint(ctx context.Context, req *registrarv1.RegisterEndpointRequest) (*registrarv1.RegisterEndpointResponse, error) {
@@ -82,6 +85,11 @@ func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream 
 	if err := s.g.read(stream.Context(), "WatchEndpoints"); err != nil {
 		return err
 	}
+	release, err := s.streams.acquire(stream.Context(), s.g, "WatchEndpoints")
+	if err != nil {
+		return err
+	}
+	defer release()
 	sub, err := s.start(req)
 	if err != nil {
 		return err
@@ -112,6 +120,11 @@ func (s *service) Subscribe(stream grpc.BidiStreamingServer[registrarv1.Subscrib
 	if err := s.g.read(stream.Context(), "Subscribe"); err != nil {
 		return err
 	}
+	release, err := s.streams.acquire(stream.Context(), s.g, "Subscribe")
+	if err != nil {
+		return err
+	}
+	defer release()
 	first, err := stream.Recv()
 	if err != nil {
 		return err
@@ -159,7 +172,11 @@ func (s *service) update(sub *subscription, msg *registrarv1.SubscribeRequest) e
 	if err != nil {
 		return status.Error(codes.InvalidArgument, "update.remove: "+err.Error())
 	}
-	s.r.updateFilter(sub.w, add, remove)
+	if n, ok := s.r.updateFilter(sub.w, add, remove, s.r.opts.MaxWatchServices); !ok {
+		return status.Error(codes.InvalidArgument, fmt.Sprintf(
+			"update: the stream would watch %d services, more than the limit of %d (--max-watch-services); nothing was changed",
+			n, s.r.opts.MaxWatchServices))
+	}
 	return nil
 }
 
@@ -237,6 +254,11 @@ func (s *service) start(req *registrarv1.WatchEndpointsRequest) (*subscription, 
 	f, err := newFilter(req.GetServices())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, "services: "+err.Error())
+	}
+	if max := s.r.opts.MaxWatchServices; len(f) > max {
+		return nil, status.Error(codes.InvalidArgument, fmt.Sprintf(
+			"services: %d distinct services exceed the limit of %d per watch (--max-watch-services); split them over several streams, or watch all services with an empty list",
+			len(f), max))
 	}
 	from, err := parseVersion(req.GetLastVersion())
 	if err != nil {
@@ -364,7 +386,11 @@ func sendSnapshot(stream sender, typ registrarv1.EndpointEvent_EventType, servic
 func (s *service) status(method, op string, err error) error {
 	var fe *registry.FieldError
 	var ae *authz.Error
+	var nf *nodeFullError
 	switch {
+	case errors.As(err, &nf):
+		s.r.metrics.rejected.WithLabelValues("node_limit").Inc()
+		return status.Error(codes.ResourceExhausted, fmt.Sprintf("%s: %v", op, nf))
 	case errors.As(err, &ae):
 		return s.g.denied(method, ae)
 	case errors.As(err, &fe):

@@ -40,7 +40,7 @@ func (r *Registrar) AnnounceNode(ctx context.Context, in *registryv1.Node) (*reg
 			in.Region, in.Cluster = region, cluster
 		}
 	}
-	n, err := registry.NormalizeNode(in, registry.DefaultLimits)
+	n, err := registry.NormalizeNode(in, r.opts.limits())
 	if err != nil {
 		return nil, err
 	}

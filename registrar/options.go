@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/authz"
+	"github.com/aethermesh/aether/registry"
 )
 
 // Options configure a registrar process: where its etcd is, where it serves,
@@ -88,6 +89,23 @@ type Options struct {
 	EtcdCert   string
 	EtcdKey    string
 
+	// Limits (see docs/security.md, "Limits"). MaxRecvMsgSize bounds one
+	// gRPC request message in bytes (gRPC answers RESOURCE_EXHAUSTED).
+	// MaxMetadataEntries and MaxMetadataBytes bound an endpoint's metadata
+	// and a node's labels (INVALID_ARGUMENT). MaxWatchServices bounds the
+	// services of one watch filter (INVALID_ARGUMENT). MaxStreamsPerIdentity
+	// bounds the open WatchEndpoints/Subscribe streams of one caller: its
+	// SPIFFE ID with mTLS, its IP address otherwise; negative means
+	// unlimited (the CLI's --max-streams-per-identity 0). MaxEndpointsPerNode
+	// bounds the endpoints one node has in this registrar's origin; updates
+	// of existing endpoints are always allowed (RESOURCE_EXHAUSTED).
+	MaxRecvMsgSize        int
+	MaxMetadataEntries    int
+	MaxMetadataBytes      int
+	MaxWatchServices      int
+	MaxStreamsPerIdentity int
+	MaxEndpointsPerNode   int
+
 	Logger *slog.Logger
 }
 
@@ -106,25 +124,39 @@ func (o Options) EtcdTLSEnabled() bool {
 // DefaultOptions returns the defaults the CLI flags show.
 func DefaultOptions() Options {
 	return Options{
-		DataDir:              "./aether-data",
-		EmbeddedEtcdAddr:     "127.0.0.1:2379",
-		EmbeddedEtcdPeerAddr: "127.0.0.1:2380",
-		GRPCAddr:             ":9443",
-		HTTPAddr:             ":8081",
-		ClusterName:          "default",
-		Region:               "default",
-		SyncInterval:         5 * time.Second,
-		SyncDebounce:         200 * time.Millisecond,
-		WriteBatchInterval:   100 * time.Millisecond,
-		WriteBatchSize:       50,
-		WriteQueueLimit:      100000,
-		WatchHistory:         100000,
-		WatchBuffer:          4096,
-		ProgressInterval:     10 * time.Second,
-		NodeTTL:              30 * time.Second,
-		ReplicationLeaseTTL:  30 * time.Second,
-		TLSReloadInterval:    10 * time.Second,
+		DataDir:               "./aether-data",
+		EmbeddedEtcdAddr:      "127.0.0.1:2379",
+		EmbeddedEtcdPeerAddr:  "127.0.0.1:2380",
+		GRPCAddr:              ":9443",
+		HTTPAddr:              ":8081",
+		ClusterName:           "default",
+		Region:                "default",
+		SyncInterval:          5 * time.Second,
+		SyncDebounce:          200 * time.Millisecond,
+		WriteBatchInterval:    100 * time.Millisecond,
+		WriteBatchSize:        50,
+		WriteQueueLimit:       100000,
+		WatchHistory:          100000,
+		WatchBuffer:           4096,
+		ProgressInterval:      10 * time.Second,
+		NodeTTL:               30 * time.Second,
+		ReplicationLeaseTTL:   30 * time.Second,
+		TLSReloadInterval:     10 * time.Second,
+		MaxRecvMsgSize:        4 << 20,
+		MaxMetadataEntries:    registry.DefaultLimits.MaxMetadataEntries,
+		MaxMetadataBytes:      registry.DefaultLimits.MaxMetadataBytes,
+		MaxWatchServices:      1000,
+		MaxStreamsPerIdentity: 64,
+		MaxEndpointsPerNode:   1000,
 	}
+}
+
+// limits returns the registry validation limits these options configure.
+func (o Options) limits() registry.Limits {
+	l := registry.DefaultLimits
+	l.MaxMetadataEntries = o.MaxMetadataEntries
+	l.MaxMetadataBytes = o.MaxMetadataBytes
+	return l
 }
 
 // withDefaults fills zero fields from DefaultOptions.
@@ -163,6 +195,12 @@ func (o Options) withDefaults() Options {
 	setD(&o.NodeTTL, d.NodeTTL)
 	setD(&o.ReplicationLeaseTTL, d.ReplicationLeaseTTL)
 	setD(&o.TLSReloadInterval, d.TLSReloadInterval)
+	setI(&o.MaxRecvMsgSize, d.MaxRecvMsgSize)
+	setI(&o.MaxMetadataEntries, d.MaxMetadataEntries)
+	setI(&o.MaxMetadataBytes, d.MaxMetadataBytes)
+	setI(&o.MaxWatchServices, d.MaxWatchServices)
+	setI(&o.MaxStreamsPerIdentity, d.MaxStreamsPerIdentity)
+	setI(&o.MaxEndpointsPerNode, d.MaxEndpointsPerNode)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -188,6 +226,12 @@ func (o Options) Validate() error {
 		{o.NodeTTL > 0 && o.NodeTTL < 2*time.Second, "--node-ttl", "must be at least 2s (etcd leases count whole seconds)"},
 		{o.ReplicationLeaseTTL < 0, "--replication-lease-ttl", "must be positive"},
 		{o.ReplicationLeaseTTL > 0 && o.ReplicationLeaseTTL < 3*time.Second, "--replication-lease-ttl", "must be at least 3s (the replicator's election session must be shorter)"},
+		{o.MaxRecvMsgSize < 0, "--max-recv-msg-size", "must be positive"},
+		{o.MaxRecvMsgSize > 0 && o.MaxRecvMsgSize < 64<<10, "--max-recv-msg-size", "must be at least 65536 bytes (64 KiB), or a valid registration may not fit"},
+		{o.MaxMetadataEntries < 0, "--max-metadata-entries", "must be positive"},
+		{o.MaxMetadataBytes < 0, "--max-metadata-bytes", "must be positive"},
+		{o.MaxWatchServices < 0, "--max-watch-services", "must be positive"},
+		{o.MaxEndpointsPerNode < 0, "--max-endpoints-per-node", "must be positive"},
 	}
 	for _, c := range checks {
 		if c.bad {

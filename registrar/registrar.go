@@ -80,6 +80,7 @@ func New(opts Options, backend Backend) (*Registrar, error) {
 		sweepKick: make(chan struct{}, 1),
 		closing:   make(chan struct{}),
 	}
+	r.st.maxPerNode = opts.MaxEndpointsPerNode
 	r.metrics = newMetrics(r)
 	r.hub.onDeliver = r.metrics.delivered
 	return r, nil
@@ -190,7 +191,7 @@ func (r *Registrar) RegisterChecked(ep *registryv1.ServiceEndpoint, check WriteC
 			ep.Region, ep.Cluster = region, cluster
 		}
 	}
-	norm, err := registry.NormalizeEndpoint(ep, registry.DefaultLimits)
+	norm, err := registry.NormalizeEndpoint(ep, r.opts.limits())
 	if err != nil {
 		return nil, "", err
 	}
@@ -348,11 +349,30 @@ func (r *Registrar) subscribe(f filter, from version) *subscription {
 // updateFilter changes a live stream's services. Added services get a
 // SERVICES_SNAPSHOT queued in order with the stream's events, so the client
 // holds them as of that version and applies later events on top.
-func (r *Registrar) updateFilter(w *watcher, add, remove filter) {
+//
+// The change is refused, and nothing changed, when the stream would then
+// watch more than max services; n is the count it would have had.
+func (r *Registrar) updateFilter(w *watcher, add, remove filter, max int) (n int, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if w.gone {
-		return
+		return 0, true
+	}
+	n = len(w.f)
+	for svc := range w.f {
+		if _, rm := remove[svc]; rm {
+			n--
+		}
+	}
+	for svc := range add {
+		_, had := w.f[svc]
+		_, rm := remove[svc]
+		if !had || rm {
+			n++
+		}
+	}
+	if max > 0 && n > max {
+		return n, false
 	}
 	r.hub.remove(w)
 	w.gone = false
@@ -368,7 +388,7 @@ func (r *Registrar) updateFilter(w *watcher, add, remove filter) {
 	}
 	r.hub.add(w)
 	if len(added) == 0 {
-		return
+		return n, true
 	}
 	sort.Strings(added)
 	only := make(filter, len(added))
@@ -383,6 +403,7 @@ func (r *Registrar) updateFilter(w *watcher, add, remove filter) {
 		Services:  added,
 		Endpoints: eps,
 	}})
+	return n, true
 }
 
 func (r *Registrar) unsubscribe(w *watcher) {

@@ -20,6 +20,19 @@ var (
 	errQueueFull = errors.New("write queue is full")
 )
 
+// nodeFullError refuses a registration that would give a node more than
+// --max-endpoints-per-node endpoints.
+type nodeFullError struct {
+	node  registry.NodeID
+	count int
+	limit int
+}
+
+func (e *nodeFullError) Error() string {
+	return fmt.Sprintf("node %q of region %q cluster %q already has %d endpoints, the limit (--max-endpoints-per-node %d); unregister one first (updates of existing endpoints are always allowed)",
+		e.node.Name, e.node.Region, e.node.Cluster, e.count, e.limit)
+}
+
 // state is the registrar's functional core: the endpoint snapshot, the event
 // sequence and its history, and the bookkeeping that reconciles local writes
 // with what the backend reports. It does no I/O and takes no locks; the
@@ -42,6 +55,12 @@ type state struct {
 	hist    *history
 	byCount map[string]int // endpoints per cluster, for the gauge
 
+	// byNode counts the endpoints of each node (endpoints without a node
+	// are not counted), for --max-endpoints-per-node: register refuses to
+	// add an endpoint to a node holding maxPerNode (0: unlimited) already.
+	byNode     map[registry.NodeID]int
+	maxPerNode int
+
 	// endpoints by service, then identity. Stored values are immutable:
 	// an update replaces the pointer, so snapshots handed to streams need
 	// no copying.
@@ -62,6 +81,7 @@ func newState(epoch string, historySize, queueLimit int) *state {
 		epoch:       epoch,
 		hist:        newHistory(historySize),
 		byCount:     map[string]int{},
+		byNode:      map[registry.NodeID]int{},
 		endpoints:   map[string]map[registry.EndpointID]*registryv1.ServiceEndpoint{},
 		queue:       newWriteQueue(queueLimit),
 		flushed:     map[registry.EndpointID]int64{},
@@ -100,6 +120,7 @@ func (s *state) set(id registry.EndpointID, ep *registryv1.ServiceEndpoint) *reg
 		}
 		m[id] = ep
 		s.byCount[id.Cluster]++
+		s.countNode(id, ep, 1)
 	case ep == nil:
 		typ = registrarv1.EndpointEvent_ENDPOINT_REMOVED
 		ep = prev
@@ -111,12 +132,17 @@ func (s *state) set(id registry.EndpointID, ep *registryv1.ServiceEndpoint) *reg
 		if s.byCount[id.Cluster]--; s.byCount[id.Cluster] == 0 {
 			delete(s.byCount, id.Cluster)
 		}
+		s.countNode(id, prev, -1)
 	default:
 		if registry.SameAttributes(prev, ep) {
 			return nil
 		}
 		typ = registrarv1.EndpointEvent_ENDPOINT_UPDATED
 		s.endpoints[id.Service][id] = ep
+		if prev.Node != ep.Node {
+			s.countNode(id, prev, -1)
+			s.countNode(id, ep, 1)
+		}
 	}
 	s.seq++
 	ev := &registrarv1.EndpointEvent{
@@ -129,6 +155,26 @@ func (s *state) set(id registry.EndpointID, ep *registryv1.ServiceEndpoint) *reg
 	return ev
 }
 
+// nodeOf is the node an endpoint belongs to; ok is false for an endpoint
+// without a node.
+func nodeOf(id registry.EndpointID, ep *registryv1.ServiceEndpoint) (registry.NodeID, bool) {
+	if ep.GetNode() == "" {
+		return registry.NodeID{}, false
+	}
+	return registry.NodeID{Region: id.Region, Cluster: id.Cluster, Name: ep.GetNode()}, true
+}
+
+// countNode adds d to the endpoint count of ep's node.
+func (s *state) countNode(id registry.EndpointID, ep *registryv1.ServiceEndpoint, d int) {
+	n, ok := nodeOf(id, ep)
+	if !ok {
+		return
+	}
+	if s.byNode[n] += d; s.byNode[n] <= 0 {
+		delete(s.byNode, n)
+	}
+}
+
 // register applies a validated, normalized endpoint from a client. It returns
 // the stored endpoint and the event (nil when nothing changed).
 func (s *state) register(ep *registryv1.ServiceEndpoint, now time.Time) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
@@ -136,6 +182,9 @@ func (s *state) register(ep *registryv1.ServiceEndpoint, now time.Time) (*regist
 	prev := s.get(id)
 	if prev != nil && registry.SameAttributes(prev, ep) {
 		return prev, nil, nil
+	}
+	if n, ok := nodeOf(id, ep); ok && s.maxPerNode > 0 && (prev == nil || prev.Node != ep.Node) && s.byNode[n] >= s.maxPerNode {
+		return nil, nil, &nodeFullError{node: n, count: s.byNode[n], limit: s.maxPerNode}
 	}
 	if !s.queue.admits(id) {
 		return nil, nil, errQueueFull

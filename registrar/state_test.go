@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -357,4 +358,120 @@ func TestGhosts(t *testing.T) {
 func (s *state) snapshotAll() []*registryv1.ServiceEndpoint {
 	eps, _ := s.snapshot(nil)
 	return eps
+}
+
+// TestNodeEndpointCounts drives the per-node counts of
+// --max-endpoints-per-node through every way the snapshot changes: client
+// writes, moves between nodes, unregistrations and backend reports.
+func TestNodeEndpointCounts(t *testing.T) {
+	on := func(node string) func(*registryv1.ServiceEndpoint) {
+		return func(e *registryv1.ServiceEndpoint) { e.Node = node }
+	}
+	n := func(name string) registry.NodeID { return registry.NodeID{Region: "r", Cluster: "c", Name: name} }
+	type step struct {
+		do      func(t *testing.T, s *state) error
+		wantErr string // substring of the error; "" for success
+	}
+	reg := func(svc, ip, node string) func(*testing.T, *state) error {
+		return func(t *testing.T, s *state) error {
+			_, _, err := s.register(mkEP(t, svc, ip, on(node)), t0)
+			return err
+		}
+	}
+	unreg := func(svc, ip string) func(*testing.T, *state) error {
+		return func(t *testing.T, s *state) error {
+			_, err := s.unregister(registry.IDOf(mkEP(t, svc, ip)))
+			return err
+		}
+	}
+	backend := func(rev int64, svc, ip, node string, gone bool) func(*testing.T, *state) error {
+		return func(t *testing.T, s *state) error {
+			e := etcdstore.Event{Revision: rev, ID: registry.IDOf(mkEP(t, svc, ip))}
+			if !gone {
+				e.Endpoint = mkEP(t, svc, ip, on(node))
+			}
+			s.applyWatch(etcdstore.WatchBatch{Revision: rev, Events: []etcdstore.Event{e}})
+			return nil
+		}
+	}
+	cases := []struct {
+		name  string
+		max   int
+		steps []step
+		want  map[registry.NodeID]int
+	}{
+		{"adds count per node", 0, []step{
+			{do: reg("web", "10.0.0.1", "n1")}, {do: reg("web", "10.0.0.2", "n1")}, {do: reg("db", "10.0.0.1", "n2")},
+		}, map[registry.NodeID]int{n("n1"): 2, n("n2"): 1}},
+		{"endpoints without a node are not counted", 0, []step{
+			{do: reg("web", "10.0.0.1", "")}, {do: reg("web", "10.0.0.2", "n1")},
+		}, map[registry.NodeID]int{n("n1"): 1}},
+		{"update keeps the count", 0, []step{
+			{do: reg("web", "10.0.0.1", "n1")},
+			{do: func(t *testing.T, s *state) error {
+				_, _, err := s.register(mkEP(t, "web", "10.0.0.1", on("n1"), draining), t0)
+				return err
+			}},
+		}, map[registry.NodeID]int{n("n1"): 1}},
+		{"move between nodes", 0, []step{
+			{do: reg("web", "10.0.0.1", "n1")}, {do: reg("web", "10.0.0.1", "n2")},
+		}, map[registry.NodeID]int{n("n2"): 1}},
+		{"unregister decrements and forgets", 0, []step{
+			{do: reg("web", "10.0.0.1", "n1")}, {do: reg("web", "10.0.0.2", "n1")},
+			{do: unreg("web", "10.0.0.1")}, {do: unreg("web", "10.0.0.2")},
+		}, map[registry.NodeID]int{}},
+		{"backend adds and removes count", 0, []step{
+			{do: backend(5, "web", "10.0.0.1", "n1", false)}, {do: backend(6, "web", "10.0.0.2", "n1", false)},
+			{do: backend(7, "web", "10.0.0.1", "", true)},
+		}, map[registry.NodeID]int{n("n1"): 1}},
+		{"limit refuses a new endpoint", 2, []step{
+			{do: reg("web", "10.0.0.1", "n1")}, {do: reg("web", "10.0.0.2", "n1")},
+			{do: reg("web", "10.0.0.3", "n1"), wantErr: `node "n1" of region "r" cluster "c" already has 2 endpoints, the limit (--max-endpoints-per-node 2)`},
+			{do: reg("web", "10.0.0.3", "n2")},
+		}, map[registry.NodeID]int{n("n1"): 2, n("n2"): 1}},
+		{"limit allows updates of existing endpoints", 1, []step{
+			{do: reg("web", "10.0.0.1", "n1")},
+			{do: func(t *testing.T, s *state) error {
+				_, _, err := s.register(mkEP(t, "web", "10.0.0.1", on("n1"), draining), t0)
+				return err
+			}},
+		}, map[registry.NodeID]int{n("n1"): 1}},
+		{"limit frees a slot on unregister", 1, []step{
+			{do: reg("web", "10.0.0.1", "n1")}, {do: unreg("web", "10.0.0.1")}, {do: reg("web", "10.0.0.2", "n1")},
+		}, map[registry.NodeID]int{n("n1"): 1}},
+		{"limit refuses a move onto a full node", 1, []step{
+			{do: reg("web", "10.0.0.1", "n1")}, {do: reg("web", "10.0.0.2", "n2")},
+			{do: reg("web", "10.0.0.2", "n1"), wantErr: "already has 1 endpoints"},
+		}, map[registry.NodeID]int{n("n1"): 1, n("n2"): 1}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s := newState("e", 100, 100)
+			s.maxPerNode = c.max
+			for i, st := range c.steps {
+				seq := s.seq
+				err := st.do(t, s)
+				switch {
+				case st.wantErr == "" && err != nil:
+					t.Fatalf("step %d: %v", i, err)
+				case st.wantErr != "":
+					var nf *nodeFullError
+					if !errors.As(err, &nf) || !strings.Contains(err.Error(), st.wantErr) {
+						t.Fatalf("step %d: error %v, want a nodeFullError containing %q", i, err, st.wantErr)
+					}
+					if s.seq != seq {
+						t.Fatalf("step %d: refused write changed the snapshot (seq %d -> %d)", i, seq, s.seq)
+					}
+				}
+			}
+			if len(s.byNode) != len(c.want) {
+				t.Fatalf("byNode = %v, want %v", s.byNode, c.want)
+			}
+			for k, v := range c.want {
+				if s.byNode[k] != v {
+					t.Fatalf("byNode = %v, want %v", s.byNode, c.want)
+				}
+			}
+		})
+	}
 }

@@ -102,7 +102,10 @@ func TestResumeInsideAndOutsideWindow(t *testing.T) {
 
 func TestSlowConsumerIsCutOffAndResumes(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.WatchBuffer = 256 })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) {
+		o.WatchBuffer = 256
+		o.MaxEndpointsPerNode = 1 << 20 // many endpoints, all of node n1
+	})
 	// A small fixed window (no BDP growth) so an unread stream backs up fast.
 	slow := dial(t, s.GRPCAddr(), grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 	c := dial(t, s.GRPCAddr())
@@ -207,7 +210,7 @@ func TestIdleStreamsGetBookmarks(t *testing.T) {
 
 func TestLargeSnapshotIsChunked(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints())
+	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.MaxEndpointsPerNode = 1 << 20 }) // 2500 endpoints of node n1
 	c := dial(t, s.GRPCAddr())
 	for i := 0; i < 2500; i++ {
 		register(t, c, ep("web", fmt.Sprintf("10.1.%d.%d", i/250, i%250+1), 80))

@@ -140,7 +140,7 @@ func normalizePorts(ep *registryv1.ServiceEndpoint, lim Limits) error {
 
 func validateMetadata(md map[string]string, lim Limits) error {
 	if len(md) > lim.MaxMetadataEntries {
-		return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("%d entries exceed the limit of %d", len(md), lim.MaxMetadataEntries)}
+		return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("%d entries exceed the limit of %d (--max-metadata-entries)", len(md), lim.MaxMetadataEntries)}
 	}
 	total := 0
 	for k, v := range md {
@@ -164,7 +164,7 @@ func validateMetadata(md map[string]string, lim Limits) error {
 		total += len(k) + len(v)
 	}
 	if total > lim.MaxMetadataBytes {
-		return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("%d bytes exceed the limit of %d", total, lim.MaxMetadataBytes)}
+		return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("%d bytes of keys and values exceed the limit of %d (--max-metadata-bytes)", total, lim.MaxMetadataBytes)}
 	}
 	return nil
 }

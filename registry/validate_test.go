@@ -35,6 +35,10 @@ func TestNormalizeRejects(t *testing.T) {
 	for i := 0; i < DefaultLimits.MaxMetadataEntries+1; i++ {
 		bigMeta[fmt.Sprintf("k%d", i)] = "v"
 	}
+	heavyMeta := map[string]string{} // 20 entries of 4+250 bytes: 5080 bytes
+	for i := 0; i < 20; i++ {
+		heavyMeta[fmt.Sprintf("k%03d", i)] = strings.Repeat("v", 250)
+	}
 	cases := []struct {
 		name  string
 		mut   func(*registryv1.ServiceEndpoint)
@@ -61,7 +65,8 @@ func TestNormalizeRejects(t *testing.T) {
 		{"unspecified protocol", func(e *registryv1.ServiceEndpoint) { e.Protocol = 0 }, "endpoint.protocol", "must be set"},
 		{"unknown protocol", func(e *registryv1.ServiceEndpoint) { e.Protocol = 9 }, "endpoint.protocol", "unknown protocol 9"},
 		{"unknown state", func(e *registryv1.ServiceEndpoint) { e.State = 7 }, "endpoint.state", "unknown state 7"},
-		{"too many metadata", func(e *registryv1.ServiceEndpoint) { e.Metadata = bigMeta }, "endpoint.metadata", "33 entries exceed"},
+		{"too many metadata", func(e *registryv1.ServiceEndpoint) { e.Metadata = bigMeta }, "endpoint.metadata", "33 entries exceed the limit of 32 (--max-metadata-entries)"},
+		{"heavy metadata", func(e *registryv1.ServiceEndpoint) { e.Metadata = heavyMeta }, "endpoint.metadata", "5080 bytes of keys and values exceed the limit of 4096 (--max-metadata-bytes)"},
 		{"long metadata value", func(e *registryv1.ServiceEndpoint) { e.Metadata = map[string]string{"k": strings.Repeat("v", 300)} }, "endpoint.metadata", "300 bytes"},
 		{"bad metadata key", func(e *registryv1.ServiceEndpoint) { e.Metadata = map[string]string{"a b": "v"} }, "endpoint.metadata", "contains"},
 		{"slash node", func(e *registryv1.ServiceEndpoint) { e.Node = "n/1" }, "endpoint.node", "'/'"},

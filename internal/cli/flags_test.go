@@ -185,8 +185,13 @@ func TestRegistrarOptions(t *testing.T) {
 			"AETHER_REPLICATION_LEASE_TTL":   "10s",
 			"AETHER_LOG_LEVEL":               "debug",
 			"AETHER_LOG_FORMAT":              "json",
+			"AETHER_MAX_RECV_MSG_SIZE":       "1048576",
+			"AETHER_MAX_METADATA_ENTRIES":    "8",
+			"AETHER_MAX_WATCH_SERVICES":      "50",
+			"AETHER_MAX_ENDPOINTS_PER_NODE":  "7",
 		}
 		res := runCLI(t, nil, env, "registrar", "--grpc-addr", ":19443", "--watch-progress-interval", "2s",
+			"--max-metadata-bytes", "512", "--max-streams-per-identity", "3",
 			"--peer-etcd", "us-east=http://p1:2379,http://p2:2379", "--peer-etcd", "ap-south=http://p3:2379")
 		if res.err != nil {
 			t.Fatal(res.err)
@@ -197,30 +202,65 @@ func TestRegistrarOptions(t *testing.T) {
 		}
 		got.Logger = nil
 		want := registrar.Options{
-			EtcdEndpoints:        []string{"http://e1:2379", "http://e2:2379"},
-			DataDir:              "/var/lib/aether",
-			EmbeddedEtcdAddr:     "127.0.0.1:12379",
-			EmbeddedEtcdPeerAddr: "127.0.0.1:12380",
-			GRPCAddr:             ":19443",
-			HTTPAddr:             ":18081",
-			ClusterName:          "c1",
-			Region:               "eu-west",
-			Zone:                 "eu-west-1a",
-			SyncInterval:         30 * time.Second,
-			SyncDebounce:         time.Second,
-			WriteBatchInterval:   50 * time.Millisecond,
-			WriteBatchSize:       10,
-			WriteQueueLimit:      20,
-			WatchHistory:         30,
-			WatchBuffer:          40,
-			ProgressInterval:     2 * time.Second,
-			NodeTTL:              45 * time.Second,
-			PeerEtcd:             []string{"us-east=http://p1:2379,http://p2:2379", "ap-south=http://p3:2379"},
-			ReplicationLeaseTTL:  10 * time.Second,
-			TLSReloadInterval:    10 * time.Second, // the flag's default
+			EtcdEndpoints:         []string{"http://e1:2379", "http://e2:2379"},
+			DataDir:               "/var/lib/aether",
+			EmbeddedEtcdAddr:      "127.0.0.1:12379",
+			EmbeddedEtcdPeerAddr:  "127.0.0.1:12380",
+			GRPCAddr:              ":19443",
+			HTTPAddr:              ":18081",
+			ClusterName:           "c1",
+			Region:                "eu-west",
+			Zone:                  "eu-west-1a",
+			SyncInterval:          30 * time.Second,
+			SyncDebounce:          time.Second,
+			WriteBatchInterval:    50 * time.Millisecond,
+			WriteBatchSize:        10,
+			WriteQueueLimit:       20,
+			WatchHistory:          30,
+			WatchBuffer:           40,
+			ProgressInterval:      2 * time.Second,
+			NodeTTL:               45 * time.Second,
+			PeerEtcd:              []string{"us-east=http://p1:2379,http://p2:2379", "ap-south=http://p3:2379"},
+			ReplicationLeaseTTL:   10 * time.Second,
+			TLSReloadInterval:     10 * time.Second, // the flag's default
+			MaxRecvMsgSize:        1 << 20,
+			MaxMetadataEntries:    8,
+			MaxMetadataBytes:      512,
+			MaxWatchServices:      50,
+			MaxStreamsPerIdentity: 3,
+			MaxEndpointsPerNode:   7,
 		}
 		if !optionsEqual(got, want) {
 			t.Errorf("options\n got %+v\nwant %+v", got, want)
+		}
+	})
+
+	t.Run("limit flags", func(t *testing.T) {
+		t.Parallel()
+		res := runCLI(t, nil, map[string]string{"AETHER_MAX_STREAMS_PER_IDENTITY": "0"}, "registrar")
+		if res.err != nil {
+			t.Fatal(res.err)
+		}
+		if got := res.served.MaxStreamsPerIdentity; got >= 0 {
+			t.Errorf("--max-streams-per-identity 0: MaxStreamsPerIdentity = %d, want negative (unlimited)", got)
+		}
+		bad := []struct {
+			args []string
+			want string
+		}{
+			{[]string{"--max-recv-msg-size", "-1"}, "--max-recv-msg-size must be positive"},
+			{[]string{"--max-recv-msg-size", "1000"}, "--max-recv-msg-size must be at least 65536 bytes"},
+			{[]string{"--max-metadata-entries", "-1"}, "--max-metadata-entries must be positive"},
+			{[]string{"--max-metadata-bytes", "-5"}, "--max-metadata-bytes must be positive"},
+			{[]string{"--max-watch-services", "-1"}, "--max-watch-services must be positive"},
+			{[]string{"--max-streams-per-identity", "-1"}, "--max-streams-per-identity must not be negative (0 means unlimited)"},
+			{[]string{"--max-endpoints-per-node", "-1"}, "--max-endpoints-per-node must be positive"},
+		}
+		for _, b := range bad {
+			res := runCLI(t, nil, nil, append([]string{"registrar"}, b.args...)...)
+			if res.err == nil || !strings.Contains(res.err.Error(), b.want) {
+				t.Errorf("%v: error %v, want one containing %q", b.args, res.err, b.want)
+			}
 		}
 	})
 

@@ -52,6 +52,9 @@ Without them it serves plaintext and warns: development only.`,
 			if err := validateRegistrarOptions(opts); err != nil {
 				return err
 			}
+			if opts.MaxStreamsPerIdentity == 0 {
+				opts.MaxStreamsPerIdentity = -1 // the flag's 0 is unlimited; the option's 0 is the default
+			}
 			opts.Logger = logger
 			return d.serve(cmd.Context(), opts)
 		},
@@ -87,6 +90,12 @@ Without them it serves plaintext and warns: development only.`,
 	f.StringVar(&opts.EtcdCACert, "etcd-cacert", "", "CA bundle (PEM) to verify an external etcd's server certificate (https:// --etcd-endpoints)")
 	f.StringVar(&opts.EtcdCert, "etcd-cert", "", "client certificate (PEM) for an external etcd that requires one")
 	f.StringVar(&opts.EtcdKey, "etcd-key", "", "private key of --etcd-cert (PEM)")
+	f.IntVar(&opts.MaxRecvMsgSize, "max-recv-msg-size", opts.MaxRecvMsgSize, "largest gRPC request message accepted, in bytes; larger ones get RESOURCE_EXHAUSTED")
+	f.IntVar(&opts.MaxMetadataEntries, "max-metadata-entries", opts.MaxMetadataEntries, "most metadata entries of an endpoint (and labels of a node); more get INVALID_ARGUMENT")
+	f.IntVar(&opts.MaxMetadataBytes, "max-metadata-bytes", opts.MaxMetadataBytes, "most bytes of metadata keys plus values of an endpoint (and labels of a node); more get INVALID_ARGUMENT")
+	f.IntVar(&opts.MaxWatchServices, "max-watch-services", opts.MaxWatchServices, "most services in one watch filter (WatchEndpoints, Subscribe start and updates); more get INVALID_ARGUMENT")
+	f.IntVar(&opts.MaxStreamsPerIdentity, "max-streams-per-identity", opts.MaxStreamsPerIdentity, "most open watch streams per client identity (SPIFFE ID with mTLS, IP address otherwise); 0 = unlimited; more get RESOURCE_EXHAUSTED")
+	f.IntVar(&opts.MaxEndpointsPerNode, "max-endpoints-per-node", opts.MaxEndpointsPerNode, "most endpoints one node may register; a registration of a new endpoint beyond it gets RESOURCE_EXHAUSTED (updates are always allowed)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	return cmd
@@ -97,6 +106,9 @@ Without them it serves plaintext and warns: development only.`,
 func validateRegistrarOptions(o registrar.Options) error {
 	if err := o.Validate(); err != nil {
 		return err
+	}
+	if o.MaxStreamsPerIdentity < 0 {
+		return fmt.Errorf("--max-streams-per-identity must not be negative (0 means unlimited)")
 	}
 	names := []struct{ flag, what, value string }{
 		{"--cluster-name", "cluster name", o.ClusterName},
