@@ -98,7 +98,7 @@ func Propagation(ctx context.Context, cfg PropagationConfig) (PropagationResult,
 		mu.Unlock()
 		_, err := ca.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: &registryv1.ServiceEndpoint{
 			Service: "bench", Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: ip,
-			Ports: []*registryv1.Port{{Name: "http", Port: 8080}}, Node: "bench-node",
+			Ports: []*registryv1.Port{{Name: "http", Port: 8080}}, Node: benchNode(i),
 		}})
 		if err != nil {
 			return PropagationResult{}, fmt.Errorf("register %s: %w", ip, err)

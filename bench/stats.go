@@ -39,3 +39,7 @@ func (l Latencies) String() string {
 func benchIP(i int) string {
 	return fmt.Sprintf("10.%d.%d.%d", (i/62500)%250+1, (i/250)%250, i%250+1)
 }
+
+// benchNode spreads endpoints over nodes of 100, as pods spread over
+// hosts (and inside the registrar's --max-endpoints-per-node).
+func benchNode(i int) string { return fmt.Sprintf("bench-node-%d", i/100) }

@@ -109,7 +109,7 @@ func Writes(ctx context.Context, cfg WritesConfig) (WritesResult, error) {
 	mkEP := func(svc string, i int) *registryv1.ServiceEndpoint {
 		return &registryv1.ServiceEndpoint{
 			Service: svc, Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: benchIP(i),
-			Ports: []*registryv1.Port{{Name: "http", Port: 8080}}, Node: "bench-node",
+			Ports: []*registryv1.Port{{Name: "http", Port: 8080}}, Node: benchNode(i),
 			Region: "default", Cluster: "default",
 		}
 	}
