@@ -19,6 +19,8 @@
 //     before etcd starts, because etcd derives its advertised URLs (and, on
 //     first start, its member ID) from the configured URLs, not from the
 //     listeners it opens.
+//   - With ClientTLS or PeerTLS the matching URLs are https:// and, with a
+//     CA file, the other side must present a certificate of that CA.
 //   - Periodic auto-compaction is always on, so a long-lived embedded etcd
 //     does not keep every revision forever. max-txn-ops stays at etcd's
 //     default (128), which is what etcdstore batches against.
@@ -38,6 +40,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 	"google.golang.org/grpc"
 )
@@ -64,6 +67,59 @@ type Config struct {
 	// AutoCompactionRetention is the periodic auto-compaction window,
 	// default 1h, so an embedded etcd does not grow forever.
 	AutoCompactionRetention time.Duration
+
+	// ClientTLS, when its CertFile is set, makes the client URLs https://
+	// (Endpoints says so) and, with its CAFile, requires every client to
+	// present a certificate that chains to it. PeerTLS does the same for
+	// the peer URL. etcd re-reads the files on every handshake, so
+	// rotating them needs no restart.
+	ClientTLS TLS
+	PeerTLS   TLS
+}
+
+// TLS is the certificate of one of the member's links: CertFile and KeyFile
+// (PEM, both or neither) are what the member serves; CAFile (PEM bundle),
+// if set, is the CA whose certificates the other side must present
+// (client-certificate authentication). Server certificates issued by
+// package pki carry both server and client auth, which etcd needs: it
+// dials its own client port with the same certificate.
+type TLS struct {
+	CertFile string
+	KeyFile  string
+	CAFile   string
+}
+
+// Enabled reports whether the link serves TLS.
+func (t TLS) Enabled() bool { return t.CertFile != "" }
+
+func (t TLS) validate(kind string) error {
+	switch {
+	case (t.CertFile == "") != (t.KeyFile == ""):
+		return fmt.Errorf("embedded etcd: %s TLS needs both a certificate and its key", kind)
+	case t.CAFile != "" && t.CertFile == "":
+		return fmt.Errorf("embedded etcd: %s TLS client CA needs a certificate and key to serve TLS with", kind)
+	}
+	for _, f := range []string{t.CertFile, t.KeyFile, t.CAFile} {
+		if f == "" {
+			continue
+		}
+		if _, err := os.Stat(f); err != nil {
+			return fmt.Errorf("embedded etcd: %s TLS: %w", kind, err)
+		}
+	}
+	return nil
+}
+
+func (t TLS) info() transport.TLSInfo {
+	if !t.Enabled() {
+		return transport.TLSInfo{}
+	}
+	return transport.TLSInfo{
+		CertFile:       t.CertFile,
+		KeyFile:        t.KeyFile,
+		TrustedCAFile:  t.CAFile,
+		ClientCertAuth: t.CAFile != "",
+	}
 }
 
 // Server is a running embedded etcd member.
@@ -104,14 +160,22 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if err := cfg.ClientTLS.validate("client"); err != nil {
+		return nil, err
+	}
+	if err := cfg.PeerTLS.validate("peer"); err != nil {
+		return nil, err
+	}
 	client, err := parseAddr("client", cfg.ClientAddr)
 	if err != nil {
 		return nil, err
 	}
+	client.tls = cfg.ClientTLS.Enabled()
 	peer, err := parseAddr("peer", cfg.PeerAddr)
 	if err != nil {
 		return nil, err
 	}
+	peer.tls = cfg.PeerTLS.Enabled()
 	// etcd refuses a data dir that others can read; create it as etcd would.
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("embedded etcd: create data dir: %w", err)
@@ -149,6 +213,8 @@ func start(ctx context.Context, cfg Config, client, peer *addr) (*Server, error)
 	ec.AdvertiseClientUrls = []url.URL{client.advertiseURL()}
 	ec.ListenPeerUrls = []url.URL{peer.listenURL()}
 	ec.AdvertisePeerUrls = []url.URL{peer.advertiseURL()}
+	ec.ClientTLSInfo = cfg.ClientTLS.info()
+	ec.PeerTLSInfo = cfg.PeerTLS.info()
 	ec.ClusterState = embed.ClusterStateFlagNew
 	ec.InitialCluster = ec.InitialClusterFromName(cfg.Name)
 	ec.AutoCompactionMode = embed.CompactorModePeriodic
@@ -245,6 +311,7 @@ type addr struct {
 	host   string
 	port   int
 	auto   bool // configured with port 0
+	tls    bool // https:// rather than http://
 	picked bool // port chosen by pick, so losing it to a race is retryable
 }
 
@@ -281,8 +348,15 @@ func (a *addr) pick() error {
 
 func (a *addr) hostPort() string { return net.JoinHostPort(a.host, strconv.Itoa(a.port)) }
 
+func (a *addr) scheme() string {
+	if a.tls {
+		return "https"
+	}
+	return "http"
+}
+
 func (a *addr) listenURL() url.URL {
-	return url.URL{Scheme: "http", Host: a.hostPort()}
+	return url.URL{Scheme: a.scheme(), Host: a.hostPort()}
 }
 
 // advertiseURL is what clients and peers are told to dial. A wildcard
@@ -296,7 +370,7 @@ func (a *addr) advertiseURL() url.URL {
 			host = "::1"
 		}
 	}
-	return url.URL{Scheme: "http", Host: net.JoinHostPort(host, strconv.Itoa(a.port))}
+	return url.URL{Scheme: a.scheme(), Host: net.JoinHostPort(host, strconv.Itoa(a.port))}
 }
 
 type addrInUseError struct {

@@ -237,3 +237,20 @@ func TestConfigErrors(t *testing.T) {
 		})
 	}
 }
+
+func TestStartTLSValidation(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Dir: dir, ClientTLS: TLS{CertFile: "c"}}, "client TLS needs both a certificate and its key"},
+		{Config{Dir: dir, PeerTLS: TLS{CAFile: "ca"}}, "peer TLS client CA needs a certificate"},
+		{Config{Dir: dir, ClientTLS: TLS{CertFile: dir + "/missing.pem", KeyFile: dir + "/missing-key.pem"}}, "missing.pem"},
+	} {
+		_, err := Start(context.Background(), c.cfg)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.cfg, err, c.want)
+		}
+	}
+}

@@ -89,6 +89,29 @@ type Options struct {
 	EtcdCert   string
 	EtcdKey    string
 
+	// TLS of the embedded etcd (no EtcdEndpoints). With EmbeddedEtcdCert
+	// and EmbeddedEtcdKey its client URL is https://; with
+	// EmbeddedEtcdClientCA as well, every etcd client must present a
+	// certificate of that CA, and the registrar's own client presents
+	// EmbeddedEtcdCert (pki server certificates carry client auth). The
+	// registrar verifies the embedded etcd against EmbeddedEtcdClientCA and
+	// the certificates in EmbeddedEtcdCert (which it serves itself). The
+	// peer link is configured alike by the EmbeddedEtcdPeer* options.
+	EmbeddedEtcdCert     string
+	EmbeddedEtcdKey      string
+	EmbeddedEtcdClientCA string
+	EmbeddedEtcdPeerCert string
+	EmbeddedEtcdPeerKey  string
+	EmbeddedEtcdPeerCA   string
+
+	// TLS to the peer regions' etcd for replication (PeerEtcd endpoints
+	// given as host:port become https://): PeerEtcdCACert verifies their
+	// server certificates, PeerEtcdCert and PeerEtcdKey are the client
+	// certificate the replicator presents. The same for every peer.
+	PeerEtcdCACert string
+	PeerEtcdCert   string
+	PeerEtcdKey    string
+
 	// Limits (see docs/security.md, "Limits"). MaxRecvMsgSize bounds one
 	// gRPC request message in bytes (gRPC answers RESOURCE_EXHAUSTED).
 	// MaxMetadataEntries and MaxMetadataBytes bound an endpoint's metadata
@@ -119,6 +142,17 @@ func (o Options) AuthzEnabled() bool { return o.TLSClientCAFile != "" }
 // EtcdTLSEnabled reports whether the registrar talks TLS to etcd.
 func (o Options) EtcdTLSEnabled() bool {
 	return o.EtcdCACert != "" || o.EtcdCert != "" || o.EtcdKey != ""
+}
+
+// EmbeddedEtcdTLSEnabled reports whether any embedded etcd TLS option is set.
+func (o Options) EmbeddedEtcdTLSEnabled() bool {
+	return o.EmbeddedEtcdCert != "" || o.EmbeddedEtcdKey != "" || o.EmbeddedEtcdClientCA != "" ||
+		o.EmbeddedEtcdPeerCert != "" || o.EmbeddedEtcdPeerKey != "" || o.EmbeddedEtcdPeerCA != ""
+}
+
+// PeerEtcdTLSEnabled reports whether the replicator talks TLS to peer etcd.
+func (o Options) PeerEtcdTLSEnabled() bool {
+	return o.PeerEtcdCACert != "" || o.PeerEtcdCert != "" || o.PeerEtcdKey != ""
 }
 
 // DefaultOptions returns the defaults the CLI flags show.
@@ -278,6 +312,42 @@ func (o Options) validateSecurity() error {
 		for _, ep := range o.EtcdEndpoints {
 			if strings.HasPrefix(strings.TrimSpace(ep), "http://") {
 				return fmt.Errorf("--etcd-endpoints %s is plaintext but etcd TLS is configured (--etcd-cacert/--etcd-cert/--etcd-key); use https://%s", ep, strings.TrimPrefix(strings.TrimSpace(ep), "http://"))
+			}
+		}
+	}
+	return o.validateEtcdTLS()
+}
+
+// validateEtcdTLS checks the embedded etcd's and the peer etcd TLS options.
+func (o Options) validateEtcdTLS() error {
+	pairs := []struct{ cert, key, ca, certFlag, keyFlag, caFlag string }{
+		{o.EmbeddedEtcdCert, o.EmbeddedEtcdKey, o.EmbeddedEtcdClientCA, "--embedded-etcd-cert", "--embedded-etcd-key", "--embedded-etcd-client-ca"},
+		{o.EmbeddedEtcdPeerCert, o.EmbeddedEtcdPeerKey, o.EmbeddedEtcdPeerCA, "--embedded-etcd-peer-cert", "--embedded-etcd-peer-key", "--embedded-etcd-peer-ca"},
+	}
+	for _, p := range pairs {
+		switch {
+		case (p.cert == "") != (p.key == ""):
+			return fmt.Errorf("%s and %s go together: give the embedded etcd's certificate and its key, or neither (aether certs issue --server HOST makes a pair)", p.certFlag, p.keyFlag)
+		case p.ca != "" && p.cert == "":
+			return fmt.Errorf("%s needs %s and %s: certificates can only be required over TLS", p.caFlag, p.certFlag, p.keyFlag)
+		}
+	}
+	if o.EmbeddedEtcdTLSEnabled() && len(o.EtcdEndpoints) > 0 {
+		return fmt.Errorf("--embedded-etcd-cert, --embedded-etcd-key, --embedded-etcd-client-ca and --embedded-etcd-peer-* configure the embedded etcd, which does not run with --etcd-endpoints; drop them, or use --etcd-cacert/--etcd-cert/--etcd-key for the external etcd")
+	}
+	if o.PeerEtcdTLSEnabled() {
+		switch {
+		case (o.PeerEtcdCert == "") != (o.PeerEtcdKey == ""):
+			return fmt.Errorf("--peer-etcd-cert and --peer-etcd-key go together: give the replicator's client certificate for peer etcd and its key, or neither")
+		case len(o.PeerEtcd) == 0:
+			return fmt.Errorf("--peer-etcd-cacert, --peer-etcd-cert and --peer-etcd-key apply to peer regions' etcd: add --peer-etcd region=https://HOST:2379 or drop them")
+		}
+		for _, spec := range o.PeerEtcd {
+			_, eps, _ := strings.Cut(spec, "=")
+			for _, ep := range strings.Split(eps, ",") {
+				if ep = strings.TrimSpace(ep); strings.HasPrefix(ep, "http://") {
+					return fmt.Errorf("--peer-etcd %s: endpoint %s is plaintext but peer etcd TLS is configured (--peer-etcd-cacert/--peer-etcd-cert/--peer-etcd-key); use https://%s", spec, ep, strings.TrimPrefix(ep, "http://"))
+				}
 			}
 		}
 	}

@@ -3,10 +3,12 @@ package registrar
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -106,9 +108,22 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 			ClientAddr: opts.EmbeddedEtcdAddr,
 			PeerAddr:   opts.EmbeddedEtcdPeerAddr,
 			Logger:     log,
+			ClientTLS: embedetcd.TLS{
+				CertFile: opts.EmbeddedEtcdCert,
+				KeyFile:  opts.EmbeddedEtcdKey,
+				CAFile:   opts.EmbeddedEtcdClientCA,
+			},
+			PeerTLS: embedetcd.TLS{
+				CertFile: opts.EmbeddedEtcdPeerCert,
+				KeyFile:  opts.EmbeddedEtcdPeerKey,
+				CAFile:   opts.EmbeddedEtcdPeerCA,
+			},
 		})
 		if err != nil {
 			return nil, err
+		}
+		if opts.EmbeddedEtcdCert == "" && !loopback(opts.EmbeddedEtcdAddr) {
+			log.Warn("embedded etcd serves clients without TLS (no --embedded-etcd-cert/--embedded-etcd-key); any host that reaches --embedded-etcd-addr can read and write the registry; add them or listen on loopback", "addr", opts.EmbeddedEtcdAddr)
 		}
 		endpoints = s.etcd.Endpoints()
 		log.Info("embedded etcd started", "data_dir", opts.DataDir, "endpoints", endpoints)
@@ -119,6 +134,11 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
 		Logger:               zap.NewNop(),
+	}
+	if opts.EmbeddedEtcdCert != "" && len(opts.EtcdEndpoints) == 0 {
+		if etcdCfg.TLS, err = embeddedEtcdClientTLS(opts); err != nil {
+			return nil, err
+		}
 	}
 	if opts.EtcdTLSEnabled() {
 		// Static: a registrar restarts to pick up a new etcd client
@@ -200,6 +220,14 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 			log.Error("grpc server stopped", "err", err)
 		}
 	}()
+	var peerClient func(replicator.Peer) (*clientv3.Client, error)
+	if opts.PeerEtcdTLSEnabled() {
+		peerTLS, err := pki.ClientTLSConfig(opts.PeerEtcdCACert, opts.PeerEtcdCert, opts.PeerEtcdKey)
+		if err != nil {
+			return nil, fmt.Errorf("--peer-etcd-cacert/--peer-etcd-cert/--peer-etcd-key: %w", err)
+		}
+		peerClient = replicator.NewTLSPeerClient(peerTLS)
+	}
 	if len(peers) > 0 {
 		// The replicator is hosted here because it needs what the registrar
 		// already has: the local etcd client, and replicas to elect among.
@@ -207,6 +235,7 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 			Region:     opts.Region,
 			Local:      s.cli,
 			Peers:      peers,
+			PeerClient: peerClient,
 			LeaseTTL:   opts.ReplicationLeaseTTL,
 			Identity:   s.GRPCAddr(),
 			Logger:     log,
@@ -231,6 +260,50 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 	log.Info("registrar serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(),
 		"cluster", opts.ClusterName, "region", opts.Region, "tls", opts.TLSEnabled(), "mtls", opts.AuthzEnabled())
 	return s, nil
+}
+
+// loopback reports whether host:port listens on loopback only.
+func loopback(hostPort string) bool {
+	host, _, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// embeddedEtcdClientTLS is the registrar's client TLS to its own embedded
+// etcd. It trusts --embedded-etcd-client-ca (when given) and the
+// certificates of --embedded-etcd-cert itself, which is what the embedded
+// etcd serves, so a self-signed or privately issued certificate needs no
+// extra CA flag. When the embedded etcd requires client certificates, the
+// registrar presents --embedded-etcd-cert/--embedded-etcd-key: pki server
+// certificates carry client auth for exactly this (etcd's own gateway
+// does the same). Static: the registrar restarts to pick up a new pair.
+func embeddedEtcdClientTLS(opts Options) (*tls.Config, error) {
+	const flags = "--embedded-etcd-cert/--embedded-etcd-key/--embedded-etcd-client-ca"
+	var cert, key string
+	if opts.EmbeddedEtcdClientCA != "" {
+		cert, key = opts.EmbeddedEtcdCert, opts.EmbeddedEtcdKey
+	}
+	cfg, err := pki.ClientTLSConfig(opts.EmbeddedEtcdClientCA, cert, key)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flags, err)
+	}
+	if cfg.RootCAs == nil {
+		cfg.RootCAs = x509.NewCertPool()
+	}
+	raw, err := os.ReadFile(opts.EmbeddedEtcdCert)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flags, err)
+	}
+	if !cfg.RootCAs.AppendCertsFromPEM(raw) {
+		return nil, fmt.Errorf("%s: %s holds no PEM certificate", flags, opts.EmbeddedEtcdCert)
+	}
+	return cfg, nil
 }
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {

@@ -1,6 +1,7 @@
 package replicator
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -291,17 +292,36 @@ func unwrapAddrErr(err error) string {
 // client of p.Endpoints (host:port becomes http://host:port) that does not
 // wait for a connection, detects a silent peer through gRPC keepalives and
 // reconnects within a few seconds of the peer coming back (gRPC's default
-// backoff would wait up to two minutes). For TLS, supply a PeerClient.
+// backoff would wait up to two minutes). For TLS, use NewTLSPeerClient.
 func NewPeerClient(p Peer) (*clientv3.Client, error) {
+	return newPeerClient(p, nil)
+}
+
+// NewTLSPeerClient returns a Config.PeerClient like NewPeerClient that
+// talks TLS with cfg (root CAs and, if the peer requires one, a client
+// certificate): host:port endpoints become https://host:port. Every client
+// gets its own clone of cfg.
+func NewTLSPeerClient(cfg *tls.Config) func(Peer) (*clientv3.Client, error) {
+	return func(p Peer) (*clientv3.Client, error) {
+		return newPeerClient(p, cfg.Clone())
+	}
+}
+
+func newPeerClient(p Peer, tlsCfg *tls.Config) (*clientv3.Client, error) {
+	scheme := "http://"
+	if tlsCfg != nil {
+		scheme = "https://"
+	}
 	eps := make([]string, len(p.Endpoints))
 	for i, ep := range p.Endpoints {
 		if !strings.Contains(ep, "://") {
-			ep = "http://" + ep
+			ep = scheme + ep
 		}
 		eps[i] = ep
 	}
 	return clientv3.New(clientv3.Config{
 		Endpoints:            eps,
+		TLS:                  tlsCfg,
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,6 +48,7 @@ func newClusterCheckCmd() *cobra.Command {
 	var endpoints, sites []string
 	var timeout time.Duration
 	var output string
+	var etcdTLS etcdTLSFlags
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Check etcd membership against the seed rules",
@@ -84,7 +86,11 @@ The command exits non-zero if any rule fails.`,
 			if err != nil {
 				return err
 			}
-			members, clusterID, err := listEtcdMembers(cmd.Context(), eps, timeout)
+			tlsCfg, err := etcdTLS.config(eps)
+			if err != nil {
+				return err
+			}
+			members, clusterID, err := listEtcdMembers(cmd.Context(), eps, tlsCfg, timeout)
 			if err != nil {
 				return err
 			}
@@ -112,6 +118,7 @@ The command exits non-zero if any rule fails.`,
 	f.StringSliceVar(&sites, "site", nil, "MEMBER=SITE: the site of a member (name, hex ID or peer host:port); repeatable or comma-separated")
 	f.DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for etcd to answer")
 	f.StringVarP(&output, "output", "o", "text", "output format: text or json")
+	etcdTLS.add(f)
 	return cmd
 }
 
@@ -199,12 +206,13 @@ func (m etcdMember) matches(key string) bool {
 
 // listEtcdMembers reads the member list, linearizably: it is the membership
 // the cluster agreed on, not one member's view.
-func listEtcdMembers(ctx context.Context, endpoints []string, timeout time.Duration) ([]etcdMember, string, error) {
+func listEtcdMembers(ctx context.Context, endpoints []string, tlsCfg *tls.Config, timeout time.Duration) ([]etcdMember, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	where := strings.Join(endpoints, ",")
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   endpoints,
+		TLS:         tlsCfg,
 		DialTimeout: timeout,
 		Context:     ctx,
 		// The client logs each retry; the error below says what matters.

@@ -18,6 +18,7 @@ func newMigrateCmd() *cobra.Command {
 		fromLegacy, dryRun bool
 		endpoints          []string
 		timeout            time.Duration
+		etcdTLS            etcdTLSFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "migrate",
@@ -29,7 +30,9 @@ origin its value carries, and delete the legacy prefix only after every entry
 is copied. An entry that cannot be placed stops the migration before anything
 is written. --dry-run prints the plan and writes nothing.`,
 		Example: `  aether migrate --from-legacy --etcd-endpoints http://10.0.0.1:2379 --dry-run
-  aether migrate --from-legacy --etcd-endpoints http://10.0.0.1:2379`,
+  aether migrate --from-legacy --etcd-endpoints http://10.0.0.1:2379
+  aether migrate --from-legacy --etcd-endpoints https://10.0.0.1:2379 \
+      --etcd-cacert ca.pem --etcd-cert operator-alice.pem --etcd-key operator-alice-key.pem`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if !fromLegacy {
@@ -41,7 +44,11 @@ is written. --dry-run prints the plan and writes nothing.`,
 			if timeout <= 0 {
 				return fmt.Errorf("--timeout %s: must be positive", timeout)
 			}
-			cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: timeout, Logger: zap.NewNop()})
+			tlsCfg, err := etcdTLS.config(endpoints)
+			if err != nil {
+				return err
+			}
+			cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: tlsCfg, DialTimeout: timeout, Logger: zap.NewNop()})
 			if err != nil {
 				return fmt.Errorf("--etcd-endpoints %v: %w", endpoints, err)
 			}
@@ -69,5 +76,6 @@ is written. --dry-run prints the plan and writes nothing.`,
 	f.BoolVar(&dryRun, "dry-run", false, "print what would be done and write nothing")
 	f.StringSliceVar(&endpoints, "etcd-endpoints", nil, "etcd cluster, comma separated (required)")
 	f.DurationVar(&timeout, "timeout", 60*time.Second, "bound on the whole migration")
+	etcdTLS.add(f)
 	return cmd
 }

@@ -1,0 +1,165 @@
+package registrar_test
+
+import (
+	"context"
+	"crypto/tls"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/pki"
+	"github.com/aethermesh/aether/registrar"
+)
+
+// etcdRefuses reports whether an etcd client with tlsCfg (nil: plaintext)
+// fails to read from endpoint.
+func etcdRefuses(t *testing.T, endpoint string, tlsCfg *tls.Config) bool {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, TLS: tlsCfg, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return true
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err = cli.Get(ctx, "x")
+	return err != nil
+}
+
+// The embedded etcd serves TLS on its client and peer links and requires
+// client certificates; the registrar reaches it with its own certificate,
+// and clients without TLS or without a certificate are refused.
+func TestEmbeddedEtcdTLS(t *testing.T) {
+	m := newMesh(t, "example.org")
+	srv := startRegistrar(t, nil, func(o *registrar.Options) {
+		o.DataDir = t.TempDir()
+		o.EmbeddedEtcdAddr, o.EmbeddedEtcdPeerAddr = "127.0.0.1:0", "127.0.0.1:0"
+		o.EmbeddedEtcdCert, o.EmbeddedEtcdKey, o.EmbeddedEtcdClientCA = m.serverCert, m.srvKey, m.ca
+		o.EmbeddedEtcdPeerCert, o.EmbeddedEtcdPeerKey, o.EmbeddedEtcdPeerCA = m.serverCert, m.srvKey, m.ca
+	})
+	eps := srv.EtcdEndpoints()
+	if len(eps) != 1 || !strings.HasPrefix(eps[0], "https://") {
+		t.Fatalf("embedded etcd endpoints %v, want one https:// URL", eps)
+	}
+	endpoint := eps[0]
+
+	e := nodeEP("web", "10.0.0.1", "node-a")
+	register(t, dial(t, srv.GRPCAddr()), e)
+	waitFor(t, "write persisted", 5*time.Second, func() bool { return srv.Registrar().PendingWrites() == 0 })
+
+	op := m.certs["operator-alice"]
+	good, err := pki.ClientTLSConfig(m.ca, op[0], op[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, TLS: good, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, v := etcdKey(t, cli, e); v == nil || v.Node != "node-a" {
+		t.Fatalf("embedded etcd over TLS: endpoint is %v", v)
+	}
+
+	if !etcdRefuses(t, "http://"+strings.TrimPrefix(endpoint, "https://"), nil) {
+		t.Error("embedded etcd answered a plaintext client")
+	}
+	noCert, _ := pki.ClientTLSConfig(m.ca, "", "")
+	if !etcdRefuses(t, endpoint, noCert) {
+		t.Error("embedded etcd answered a TLS client without a certificate")
+	}
+	other := newMesh(t, "example.org")
+	foreign, _ := pki.ClientTLSConfig(m.ca, other.serverCert, other.srvKey)
+	if !etcdRefuses(t, endpoint, foreign) {
+		t.Error("embedded etcd answered a client certificate of another CA")
+	}
+}
+
+// Without a client CA the embedded etcd serves TLS to anyone, and the
+// registrar trusts the certificate it serves without a CA flag.
+func TestEmbeddedEtcdTLSWithoutClientCA(t *testing.T) {
+	m := newMesh(t, "example.org")
+	srv := startRegistrar(t, nil, func(o *registrar.Options) {
+		o.DataDir = t.TempDir()
+		o.EmbeddedEtcdAddr, o.EmbeddedEtcdPeerAddr = "127.0.0.1:0", "127.0.0.1:0"
+		o.EmbeddedEtcdCert, o.EmbeddedEtcdKey = m.serverCert, m.srvKey
+	})
+	register(t, dial(t, srv.GRPCAddr()), nodeEP("web", "10.0.0.1", "node-a"))
+	waitFor(t, "write persisted", 5*time.Second, func() bool { return srv.Registrar().PendingWrites() == 0 })
+	endpoint := srv.EtcdEndpoints()[0]
+	noCert, _ := pki.ClientTLSConfig(m.ca, "", "")
+	if etcdRefuses(t, endpoint, noCert) {
+		t.Error("embedded etcd without a client CA refused a TLS client without a certificate")
+	}
+	if !etcdRefuses(t, "http://"+strings.TrimPrefix(endpoint, "https://"), nil) {
+		t.Error("embedded etcd answered a plaintext client")
+	}
+}
+
+// Region A's replicator mirrors into region B's etcd, which serves TLS and
+// requires client certificates, with --peer-etcd-cacert/-cert/-key.
+func TestReplicationToTLSPeerEtcd(t *testing.T) {
+	m := newMesh(t, "example.org")
+	m.issue(t, pki.Server, "registrar-a")
+	peerEndpoint := startTLSEtcd(t, m)
+	pair := m.certs["server-registrar-a"]
+	for _, spec := range []string{peerEndpoint, strings.TrimPrefix(peerEndpoint, "https://")} {
+		t.Run(spec, func(t *testing.T) {
+			a := startRegistrar(t, etcdtest.Start(t).Endpoints(), func(o *registrar.Options) {
+				o.Region = "ra"
+				o.PeerEtcd = []string{"rb=" + spec}
+				o.ReplicationLeaseTTL = 3 * time.Second
+				o.PeerEtcdCACert, o.PeerEtcdCert, o.PeerEtcdKey = m.ca, pair[0], pair[1]
+			})
+			e := nodeEP("web", "10.0.0.1", "node-a")
+			e.Region = "ra"
+			register(t, dial(t, a.GRPCAddr()), e)
+
+			good, _ := pki.ClientTLSConfig(m.ca, pair[0], pair[1])
+			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{peerEndpoint}, TLS: good, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cli.Close()
+			waitFor(t, "A's endpoint mirrored into B's TLS etcd", 15*time.Second, func() bool {
+				_, v := etcdKey(t, cli, e)
+				return v != nil && v.Node == "node-a"
+			})
+		})
+	}
+}
+
+func TestEtcdTLSOptionsValidate(t *testing.T) {
+	cases := []struct {
+		o    registrar.Options
+		want string
+	}{
+		{registrar.Options{EmbeddedEtcdCert: "c"}, "--embedded-etcd-cert and --embedded-etcd-key go together"},
+		{registrar.Options{EmbeddedEtcdKey: "k"}, "--embedded-etcd-cert and --embedded-etcd-key go together"},
+		{registrar.Options{EmbeddedEtcdClientCA: "ca"}, "--embedded-etcd-client-ca needs --embedded-etcd-cert and --embedded-etcd-key"},
+		{registrar.Options{EmbeddedEtcdPeerCert: "c"}, "--embedded-etcd-peer-cert and --embedded-etcd-peer-key go together"},
+		{registrar.Options{EmbeddedEtcdPeerCA: "ca"}, "--embedded-etcd-peer-ca needs --embedded-etcd-peer-cert and --embedded-etcd-peer-key"},
+		{registrar.Options{EmbeddedEtcdCert: "c", EmbeddedEtcdKey: "k", EtcdEndpoints: []string{"http://e:2379"}}, "does not run with --etcd-endpoints"},
+		{registrar.Options{PeerEtcdCert: "c"}, "--peer-etcd-cert and --peer-etcd-key go together"},
+		{registrar.Options{PeerEtcdCACert: "ca"}, "add --peer-etcd region=https://"},
+		{registrar.Options{PeerEtcdCACert: "ca", PeerEtcd: []string{"rb=https://a:2379,http://b:2379"}}, "use https://b:2379"},
+	}
+	for _, c := range cases {
+		err := c.o.Validate()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: got %v, want %q", c.o, err, c.want)
+		}
+	}
+	for _, ok := range []registrar.Options{
+		{EmbeddedEtcdCert: "c", EmbeddedEtcdKey: "k", EmbeddedEtcdClientCA: "ca", EmbeddedEtcdPeerCert: "c", EmbeddedEtcdPeerKey: "k", EmbeddedEtcdPeerCA: "ca"},
+		{PeerEtcd: []string{"rb=https://a:2379,b:2379"}, PeerEtcdCACert: "ca", PeerEtcdCert: "c", PeerEtcdKey: "k"},
+	} {
+		if err := ok.Validate(); err != nil {
+			t.Errorf("valid options %+v: %v", ok, err)
+		}
+	}
+}
