@@ -99,9 +99,6 @@ func TestTrackerConvergesOnTarget(t *testing.T) {
 // embedded etcds and a real replicator: the peer must converge after the
 // burst and after a partition, and every change must have a positive lag.
 func TestReplicationQuickRun(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts two etcds and a replicator")
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	res, err := Replication(ctx, ReplicationConfig{
