@@ -140,6 +140,25 @@ func (cf *clientFlags) tlsHint(msg string) string {
 // rpcError turns an error from a registrar call into a message that says
 // what failed and how to fix it. what describes the attempted operation
 // ("register web 10.0.0.1 (http)").
+// unary validates the client flags, connects, and makes one call bounded by
+// --timeout; a failure is mapped to a message naming what was attempted.
+func (cf *clientFlags) unary(ctx context.Context, what string, call func(context.Context, registrarv1.RegistrarClient) error) error {
+	if err := cf.validate(); err != nil {
+		return err
+	}
+	client, done, err := cf.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	cctx, cancel := context.WithTimeout(ctx, cf.timeout)
+	defer cancel()
+	if err := call(cctx, client); err != nil {
+		return cf.rpcError(what, err)
+	}
+	return nil
+}
+
 func (cf *clientFlags) rpcError(what string, err error) error {
 	if err == nil {
 		return nil

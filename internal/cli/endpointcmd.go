@@ -24,25 +24,18 @@ func endpointCmd(cmd *cobra.Command, verb, done string, call func(context.Contex
 		if err != nil {
 			return err
 		}
-		if err := cf.validate(); err != nil {
-			return err
-		}
 		proto := registry.ProtocolName(id.Protocol)
 		what := fmt.Sprintf("%s %s %s (%s)", verb, id.Service, id.IP, proto)
-		client, closeConn, err := cf.connect(cmd.Context())
-		if err != nil {
-			return err
-		}
-		defer closeConn()
-		ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-		defer cancel()
-		version, err := call(ctx, client, id)
-		if err != nil {
-			mapped := cf.rpcError(what, err)
-			if status.Code(err) == codes.NotFound {
-				mapped = fmt.Errorf("%w (check --protocol; see what is registered with: aether list --service %s)", mapped, id.Service)
+		var version string
+		var callErr error
+		if err := cf.unary(cmd.Context(), what, func(ctx context.Context, c registrarv1.RegistrarClient) error {
+			version, callErr = call(ctx, c, id)
+			return callErr
+		}); err != nil {
+			if status.Code(callErr) == codes.NotFound {
+				err = fmt.Errorf("%w (check --protocol; see what is registered with: aether list --service %s)", err, id.Service)
 			}
-			return mapped
+			return err
 		}
 		_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s %s %s (%s) version %s\n", done, id.Service, id.IP, proto, version)
 		return err

@@ -107,23 +107,32 @@ func orDash(s string) string {
 	return s
 }
 
+// endpointColumns heads the columns endpointRow fills, for every table of
+// endpoints.
+const endpointColumns = "SERVICE\tPROTOCOL\tIP\tPORTS\tNODE\tCLUSTER\tREGION\tZONE\tSTATE\tWEIGHT"
+
+// endpointRow is one endpoint as tab-separated table cells.
+func endpointRow(ep *registryv1.ServiceEndpoint) string {
+	return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d",
+		ep.GetService(),
+		registry.ProtocolName(ep.GetProtocol()),
+		ep.GetIp(),
+		portsString(ep.GetPorts()),
+		orDash(ep.GetNode()),
+		orDash(ep.GetCluster()),
+		orDash(ep.GetRegion()),
+		orDash(ep.GetZone()),
+		stateName(ep.GetState()),
+		ep.GetWeight(),
+	)
+}
+
 // writeTable prints endpoints as an aligned table, sorted.
 func writeTable(w io.Writer, eps []*registryv1.ServiceEndpoint) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "SERVICE\tPROTOCOL\tIP\tPORTS\tNODE\tCLUSTER\tREGION\tZONE\tSTATE\tWEIGHT")
+	fmt.Fprintln(tw, endpointColumns)
 	for _, ep := range sortedEndpoints(eps) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n",
-			ep.GetService(),
-			registry.ProtocolName(ep.GetProtocol()),
-			ep.GetIp(),
-			portsString(ep.GetPorts()),
-			orDash(ep.GetNode()),
-			orDash(ep.GetCluster()),
-			orDash(ep.GetRegion()),
-			orDash(ep.GetZone()),
-			stateName(ep.GetState()),
-			ep.GetWeight(),
-		)
+		fmt.Fprintln(tw, endpointRow(ep))
 	}
 	return tw.Flush()
 }

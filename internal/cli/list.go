@@ -52,19 +52,12 @@ no new requests), nearest first, with a PRIORITY column:
 			if err != nil {
 				return err
 			}
-			if err := cf.validate(); err != nil {
+			var resp *registrarv1.ListAllEndpointsResponse
+			if err := cf.unary(cmd.Context(), "list endpoints", func(ctx context.Context, c registrarv1.RegistrarClient) (err error) {
+				resp, err = c.ListAllEndpoints(ctx, &registrarv1.ListAllEndpointsRequest{Services: services})
 				return err
-			}
-			client, done, err := cf.connect(cmd.Context())
-			if err != nil {
+			}); err != nil {
 				return err
-			}
-			defer done()
-			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-			defer cancel()
-			resp, err := client.ListAllEndpoints(ctx, &registrarv1.ListAllEndpointsRequest{Services: services})
-			if err != nil {
-				return cf.rpcError("list endpoints", err)
 			}
 			if byLocality {
 				ps := registry.ByLocality(resp.GetEndpoints(), fromRegion, fromZone)
@@ -125,22 +118,9 @@ func checkLocalityFlags(cmd *cobra.Command, region, zone string) (bool, error) {
 // priority as the first column.
 func writeLocalityTable(w io.Writer, ps []registry.Prioritized) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PRIORITY\tSERVICE\tPROTOCOL\tIP\tPORTS\tNODE\tCLUSTER\tREGION\tZONE\tSTATE\tWEIGHT")
+	fmt.Fprintln(tw, "PRIORITY\t"+endpointColumns)
 	for _, p := range ps {
-		ep := p.Endpoint
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n",
-			p.Priority,
-			ep.GetService(),
-			registry.ProtocolName(ep.GetProtocol()),
-			ep.GetIp(),
-			portsString(ep.GetPorts()),
-			orDash(ep.GetNode()),
-			orDash(ep.GetCluster()),
-			orDash(ep.GetRegion()),
-			orDash(ep.GetZone()),
-			stateName(ep.GetState()),
-			ep.GetWeight(),
-		)
+		fmt.Fprintf(tw, "%d\t%s\n", p.Priority, endpointRow(p.Endpoint))
 	}
 	return tw.Flush()
 }

@@ -31,19 +31,12 @@ runs out.`,
 			if err := checkOutput(output, "table", "json"); err != nil {
 				return err
 			}
-			if err := cf.validate(); err != nil {
+			var resp *registrarv1.ListNodesResponse
+			if err := cf.unary(cmd.Context(), "list nodes", func(ctx context.Context, c registrarv1.RegistrarClient) (err error) {
+				resp, err = c.ListNodes(ctx, &registrarv1.ListNodesRequest{})
 				return err
-			}
-			client, done, err := cf.connect(cmd.Context())
-			if err != nil {
+			}); err != nil {
 				return err
-			}
-			defer done()
-			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-			defer cancel()
-			resp, err := client.ListNodes(ctx, &registrarv1.ListNodesRequest{})
-			if err != nil {
-				return cf.rpcError("list nodes", err)
 			}
 			nodes := resp.GetNodes()
 			sort.Slice(nodes, func(i, j int) bool {

@@ -48,20 +48,13 @@ several named ports as --port http=8080 --port admin=9000.`,
 			if err != nil {
 				return err
 			}
-			if err := cf.validate(); err != nil {
-				return err
-			}
 			what := fmt.Sprintf("register %s %s (%s)", ep.Service, ep.Ip, registry.ProtocolName(ep.Protocol))
-			client, done, err := cf.connect(cmd.Context())
-			if err != nil {
+			var resp *registrarv1.RegisterEndpointResponse
+			if err := cf.unary(cmd.Context(), what, func(ctx context.Context, c registrarv1.RegistrarClient) (err error) {
+				resp, err = c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: ep})
 				return err
-			}
-			defer done()
-			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-			defer cancel()
-			resp, err := client.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: ep})
-			if err != nil {
-				return cf.rpcError(what, err)
+			}); err != nil {
+				return err
 			}
 			got := resp.GetEndpoint()
 			if got == nil {

@@ -37,19 +37,12 @@ region (a non-leader names the leader).`,
 			if err := checkOutput(output, "table", "json"); err != nil {
 				return err
 			}
-			if err := cf.validate(); err != nil {
+			var resp *registrarv1.ReplicationStatusResponse
+			if err := cf.unary(cmd.Context(), "replication status", func(ctx context.Context, c registrarv1.RegistrarClient) (err error) {
+				resp, err = c.ReplicationStatus(ctx, &registrarv1.ReplicationStatusRequest{})
 				return err
-			}
-			client, done, err := cf.connect(cmd.Context())
-			if err != nil {
+			}); err != nil {
 				return err
-			}
-			defer done()
-			ctx, cancel := context.WithTimeout(cmd.Context(), cf.timeout)
-			defer cancel()
-			resp, err := client.ReplicationStatus(ctx, &registrarv1.ReplicationStatusRequest{})
-			if err != nil {
-				return cf.rpcError("replication status", err)
 			}
 			if output == "json" {
 				b, err := marshalJSON(resp)
