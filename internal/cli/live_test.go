@@ -21,6 +21,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
 )
@@ -176,17 +177,8 @@ func atOrAfter(t *testing.T, v, ref string) bool {
 	return versionEpoch(v) == versionEpoch(ref) && versionSeq(t, v) >= versionSeq(t, ref)
 }
 
-// waitFor polls cond until it holds or d passes.
-func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// waitFor waits for a condition; see package wait.
+var waitFor = wait.For
 
 // streamOut is the stdout of a command running in the background: safe to
 // read while the command writes, and able to hold writes back, as a slow
