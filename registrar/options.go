@@ -33,9 +33,15 @@ type Options struct {
 	Region      string
 	Zone        string
 
-	// Sync: a full re-list every SyncInterval as a backstop to the etcd
-	// watch, and at most one re-list per SyncDebounce when the watch asks
-	// for one (reconnects, compaction, bursts of errors).
+	// Sync: how this replica learns other replicas' writes. SyncMode
+	// SyncWatch (the default) applies an etcd watch's changes as they
+	// arrive, with a full re-list every SyncInterval as a backstop and at
+	// most one re-list per SyncDebounce when the watch asks for one
+	// (reconnects, compaction, bursts of errors). SyncPoll opens no watch:
+	// other replicas' writes arrive only with the full re-list every
+	// SyncInterval, as on a backend without a change feed (kept for
+	// comparison, see the disruption battery in docs/benchmarks.md).
+	SyncMode     string
 	SyncInterval time.Duration
 	SyncDebounce time.Duration
 
@@ -132,6 +138,15 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Sync modes (Options.SyncMode, --sync-mode).
+const (
+	// SyncWatch learns other replicas' writes from an etcd watch, with a
+	// periodic full re-list as a backstop.
+	SyncWatch = "watch"
+	// SyncPoll learns them only from the periodic full re-list.
+	SyncPoll = "poll"
+)
+
 // TLSEnabled reports whether the registrar serves TLS.
 func (o Options) TLSEnabled() bool { return o.TLSCertFile != "" }
 
@@ -165,6 +180,7 @@ func DefaultOptions() Options {
 		HTTPAddr:              ":8081",
 		ClusterName:           "default",
 		Region:                "default",
+		SyncMode:              SyncWatch,
 		SyncInterval:          5 * time.Second,
 		SyncDebounce:          200 * time.Millisecond,
 		WriteBatchInterval:    100 * time.Millisecond,
@@ -218,6 +234,7 @@ func (o Options) withDefaults() Options {
 	set(&o.HTTPAddr, d.HTTPAddr)
 	set(&o.ClusterName, d.ClusterName)
 	set(&o.Region, d.Region)
+	set(&o.SyncMode, d.SyncMode)
 	setD(&o.SyncInterval, d.SyncInterval)
 	setD(&o.SyncDebounce, d.SyncDebounce)
 	setD(&o.WriteBatchInterval, d.WriteBatchInterval)
@@ -248,6 +265,7 @@ func (o Options) Validate() error {
 		flag string
 		msg  string
 	}{
+		{o.SyncMode != "" && o.SyncMode != SyncWatch && o.SyncMode != SyncPoll, "--sync-mode", fmt.Sprintf("%q: use watch or poll", o.SyncMode)},
 		{o.SyncInterval < 0, "--sync-interval", "must be positive"},
 		{o.SyncDebounce < 0, "--sync-debounce", "must not be negative"},
 		{o.WriteBatchInterval < 0, "--write-batch-interval", "must be positive"},

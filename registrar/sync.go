@@ -18,11 +18,12 @@ const maxWatchCoalesce = 256
 // without a fixed delay on every change (a delay would put a floor under
 // cross-replica latency). A full re-list runs every SyncInterval as a
 // backstop, and when the watch cannot resume (compaction); re-lists are
-// spaced at least SyncDebounce apart.
+// spaced at least SyncDebounce apart. With SyncMode SyncPoll no watch is
+// opened at all: the re-list every SyncInterval is the only way other
+// replicas' writes arrive.
 func (r *Registrar) runSync(ctx context.Context, rev int64) {
-	watch, wcancel := r.watchFrom(ctx, rev)
 	poll := time.NewTicker(r.opts.SyncInterval)
-	defer func() { poll.Stop(); wcancel() }()
+	defer poll.Stop()
 	var lastList time.Time
 	relist := func() (int64, bool) {
 		if wait := r.opts.SyncDebounce - time.Since(lastList); wait > 0 {
@@ -40,9 +41,35 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			}
 			return 0, false
 		}
-		r.apply(func(st *state) []*registrarv1.EndpointEvent { return st.applyListing(l) })
+		nodeGone := false
+		r.apply(func(st *state) []*registrarv1.EndpointEvent {
+			before := st.nodes
+			evs := st.applyListing(l)
+			for id := range before {
+				if _, ok := st.nodes[id]; !ok {
+					nodeGone = true
+					break
+				}
+			}
+			return evs
+		})
+		if nodeGone {
+			r.kickSweep() // as a watch's node deletion would
+		}
 		return l.Revision, true
 	}
+	if r.opts.SyncMode == SyncPoll {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-poll.C:
+				relist()
+			}
+		}
+	}
+	watch, wcancel := r.watchFrom(ctx, rev)
+	defer func() { wcancel() }()
 	for {
 		select {
 		case <-ctx.Done():

@@ -11,9 +11,14 @@ import (
 const maxFlushOps = 1024
 
 // flushTimeout bounds one flush. etcd commits a healthy batch in
-// milliseconds; a flush still waiting after this is stuck on an unreachable
-// cluster and is better retried (the writes stay queued meanwhile).
-const flushTimeout = 5 * time.Second
+// milliseconds (a 1024-operation backlog flush in tens of milliseconds); a
+// flush still waiting after this is stuck and is better retried, the writes
+// staying queued meanwhile. The commonest way to get stuck is a leader
+// crash: a proposal a follower had forwarded to the dead leader is dropped
+// without an answer, so the flush waits for this timeout although a new
+// leader is elected in about a second. Retrying sooner keeps that stall,
+// during which other replicas do not see this one's writes, short.
+const flushTimeout = 2 * time.Second
 
 // runFlusher persists queued writes. Flushes are spaced at least
 // WriteBatchInterval apart, so etcd sees at most one transaction per interval

@@ -13,6 +13,13 @@
 //   - etcd logs only errors, to t.Log, and nothing once the cluster is being
 //     stopped (members report each other's shutdown as errors), so a passing
 //     test prints nothing.
+//   - Kill stops one member's raft at once, as a crash would (no leadership
+//     transfer), keeping its data dir and ports; Restart brings it back on
+//     them and returns once it serves again. The other members keep running
+//     throughout. A killed member's client connections are not reset at
+//     once: etcd closes them gracefully, for up to its request timeout (7s
+//     here), so until then a client on it sees a member that does not
+//     answer. Put a faultproxy in front of the member to reset them.
 package etcdcluster
 
 import (
@@ -21,6 +28,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -45,6 +53,13 @@ type Cluster struct {
 	members []*member
 	logs    *logGate
 	once    sync.Once
+
+	// What every member is configured with, for Restart.
+	initial string
+	token   string
+	logger  *zap.Logger
+
+	mu sync.Mutex // guards member.etcd after Start
 }
 
 type member struct {
@@ -52,6 +67,7 @@ type member struct {
 	client, peer url.URL
 	dir          string
 	etcd         *embed.Etcd
+	closed       chan struct{} // after Kill: closed once the killed etcd has released its ports
 }
 
 // Start starts an n-member cluster and stops it when the test ends.
@@ -103,6 +119,7 @@ func (c *Cluster) PeerURLs() []string {
 
 func start(t testing.TB, n int) (*Cluster, error) {
 	c := &Cluster{logs: &logGate{t: t}}
+	c.logger = zap.New(&testCore{gate: c.logs})
 	var initial []string
 	for i := range n {
 		m := &member{
@@ -116,8 +133,8 @@ func start(t testing.TB, n int) (*Cluster, error) {
 	}
 	// One token per cluster, so members of two tests' clusters that somehow
 	// reach each other refuse to mix.
-	token := "etcdcluster-" + c.members[0].peer.Port()
-	logger := zap.New(&testCore{gate: c.logs})
+	c.token = "etcdcluster-" + c.members[0].peer.Port()
+	c.initial = strings.Join(initial, ",")
 
 	// Members are started one after the other, each once the previous one
 	// serves its peer port: a new member first asks its peers whether it
@@ -126,24 +143,7 @@ func start(t testing.TB, n int) (*Cluster, error) {
 	// StartEtcd does not wait for the other members; readiness, which needs
 	// a quorum, is awaited below.
 	for _, m := range c.members {
-		cfg := embed.NewConfig()
-		cfg.Name = m.name
-		cfg.Dir = m.dir
-		cfg.ListenClientUrls = []url.URL{m.client}
-		cfg.AdvertiseClientUrls = []url.URL{m.client}
-		cfg.ListenPeerUrls = []url.URL{m.peer}
-		cfg.AdvertisePeerUrls = []url.URL{m.peer}
-		cfg.InitialCluster = strings.Join(initial, ",")
-		cfg.InitialClusterToken = token
-		cfg.ClusterState = embed.ClusterStateFlagNew
-		cfg.Logger = "zap"
-		cfg.LogLevel = "error"
-		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(logger.With(zap.String("member", m.name)))
-		// Loopback is fast; shorter raft timers make the first election
-		// quick without making leadership flap under -race.
-		cfg.TickMs = 50
-		cfg.ElectionMs = 500
-		e, err := embed.StartEtcd(cfg)
+		e, err := embed.StartEtcd(c.config(m))
 		if err != nil {
 			c.stop()
 			return nil, fmt.Errorf("member %s: %w", m.name, err)
@@ -170,6 +170,106 @@ func start(t testing.TB, n int) (*Cluster, error) {
 	return c, nil
 }
 
+// config is member m's configuration. A member restarted on its data dir
+// ignores the initial cluster and rejoins as the member it was.
+func (c *Cluster) config(m *member) *embed.Config {
+	cfg := embed.NewConfig()
+	cfg.Name = m.name
+	cfg.Dir = m.dir
+	cfg.ListenClientUrls = []url.URL{m.client}
+	cfg.AdvertiseClientUrls = []url.URL{m.client}
+	cfg.ListenPeerUrls = []url.URL{m.peer}
+	cfg.AdvertisePeerUrls = []url.URL{m.peer}
+	cfg.InitialCluster = c.initial
+	cfg.InitialClusterToken = c.token
+	cfg.ClusterState = embed.ClusterStateFlagNew
+	cfg.Logger = "zap"
+	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(c.logger.With(zap.String("member", m.name)))
+	// Loopback is fast; shorter raft timers make the first election
+	// quick without making leadership flap under -race.
+	cfg.TickMs = 50
+	cfg.ElectionMs = 500
+	return cfg
+}
+
+// Leader is the index of the member that the running members agree leads,
+// or -1 if they do not agree (an election is under way).
+func (c *Cluster) Leader() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	leader := -1
+	for _, m := range c.members {
+		if m.etcd == nil {
+			continue
+		}
+		id := m.etcd.Server.Leader()
+		j := slices.IndexFunc(c.members, func(o *member) bool { return o.etcd != nil && o.etcd.Server.MemberID() == id })
+		if j < 0 || (leader >= 0 && leader != j) {
+			return -1
+		}
+		leader = j
+	}
+	return leader
+}
+
+// Kill stops member i abruptly, as a crash would: raft stops at once (a
+// leader hands nothing over), and its listeners close in the background.
+// Its data dir and ports are kept for Restart. Killing a killed member does
+// nothing.
+func (c *Cluster) Kill(i int) {
+	c.mu.Lock()
+	m := c.members[i]
+	e := m.etcd
+	if e != nil {
+		m.etcd, m.closed = nil, make(chan struct{})
+	}
+	closed := m.closed
+	c.mu.Unlock()
+	if e != nil {
+		e.Server.HardStop()
+		go func() { defer close(closed); e.Close() }()
+	}
+}
+
+// Restart starts killed member i again on its data dir and ports, and
+// returns once it serves clients (which needs a quorum). A port taken
+// meanwhile by another socket is retried for a while.
+func (c *Cluster) Restart(t testing.TB, i int) {
+	t.Helper()
+	m := c.members[i]
+	c.mu.Lock()
+	running, closed := m.etcd != nil, m.closed
+	c.mu.Unlock()
+	if running {
+		t.Fatalf("etcdcluster: restart of %s, which runs", m.name)
+	}
+	<-closed // its ports are free
+	var e *embed.Etcd
+	for attempt := 1; ; attempt++ {
+		var err error
+		if e, err = embed.StartEtcd(c.config(m)); err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 50 {
+			t.Fatalf("etcdcluster: restart %s: %v", m.name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		t.Fatalf("etcdcluster: restarted %s failed: %v", m.name, err)
+	case <-time.After(startTimeout):
+		e.Close()
+		t.Fatalf("etcdcluster: restarted %s not ready within %s", m.name, startTimeout)
+	}
+	c.mu.Lock()
+	m.etcd = e
+	c.mu.Unlock()
+}
+
 // stop stops every member. Closing members gracefully while their peers
 // are closing too takes seconds (a leader tries to hand over leadership to a
 // member that is going away), so the raft side of every member is stopped
@@ -179,6 +279,15 @@ func start(t testing.TB, n int) (*Cluster, error) {
 func (c *Cluster) stop() {
 	c.once.Do(func() {
 		c.logs.close()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		defer func() {
+			for _, m := range c.members {
+				if m.etcd == nil && m.closed != nil {
+					<-m.closed // killed and not restarted
+				}
+			}
+		}()
 		var wg sync.WaitGroup
 		for _, m := range c.members {
 			if m.etcd != nil {

@@ -66,3 +66,40 @@ func TestStartOneMember(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestKillAndRestartMember(t *testing.T) {
+	t.Parallel()
+	c := Start(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var leader int
+	waitLeader := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for leader = c.Leader(); leader < 0; leader = c.Leader() {
+			if time.Now().After(deadline) {
+				t.Fatalf("no leader %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitLeader("at start")
+	old := leader
+	c.Kill(old)
+	c.Kill(old) // a second kill does nothing
+	waitLeader("after the leader was killed")
+	if leader == old {
+		t.Fatalf("killed member m%d still leads", old)
+	}
+	// The two left keep a quorum.
+	if _, err := etcdtest.NewClient(t, c.Endpoints()[leader]).Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	c.Restart(t, old)
+	// The restarted member caught up with what it missed, and serves.
+	resp, err := etcdtest.NewClient(t, c.Endpoints()[old]).Get(ctx, "k")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v" {
+		t.Fatalf("get via the restarted member: %v %v", resp, err)
+	}
+	waitLeader("after the restart")
+}

@@ -86,6 +86,30 @@ func (v Violation) String() string { return fmt.Sprintf("%s: %s: %s", v.Stream, 
 //     that ends (e.g. eviction) midway through a batch does not break
 //     atomicity: its client resumes from the last event it got.
 //
+// Subscribe streams (see Subscribe and RecordUpdate) change their filter
+// while they live. The registrar applies an update under its lock, between
+// two sequences: events after that point are filtered by the new set. An
+// update that adds services is answered by a SERVICES_SNAPSHOT of exactly
+// the services it added, at the point it took effect; an update that only
+// removes shows no marker, so its point is taken as the earliest one that
+// explains what was delivered (after the last delivered event of a removed
+// service, and not before what the client had received when it sent the
+// update). "Matching" above then means matching the filter in force at the
+// event's sequence, and in addition:
+//
+//   - faithful: every SERVICES_SNAPSHOT answers, in order, an update sent
+//     before it that added exactly its services; an update that added
+//     services is not skipped while a later one is answered.
+//   - filtered: a SERVICES_SNAPSHOT at S is exactly the history replayed to
+//     S restricted to its services.
+//   - ordered: a SERVICES_SNAPSHOT at S follows no change above S, is not
+//     older than what the client had when it sent the update, nor than an
+//     earlier update's; no change at or below S follows it (unique if its
+//     service is one the snapshot reflected).
+//   - resumable: no SERVICES_SNAPSHOT inside a resume (before its bookmark).
+//   - atomic: a SERVICES_SNAPSHOT does not split a batch's events of its
+//     services.
+//
 // Stream endings (errors) are not judged; tests assert those themselves.
 func Check(h History, streams ...*Recorder) []Violation {
 	vs := h.Validate()
@@ -98,8 +122,7 @@ func Check(h History, streams ...*Recorder) []Violation {
 type streamCheck struct {
 	h     *History
 	r     *Recorder
-	all   bool
-	svcs  map[string]bool
+	flt   *filterPlan // the stream's filter over time
 	vs    []Violation
 	pos   uint64 // start position once known
 	start bool   // the start (snapshot or resume) is complete
@@ -109,13 +132,15 @@ func (c *streamCheck) bad(p Property, format string, args ...any) {
 	c.vs = append(c.vs, Violation{Stream: c.r.Name, Property: p, Detail: fmt.Sprintf(format, args...)})
 }
 
-func (c *streamCheck) matches(svc string) bool { return c.all || c.svcs[svc] }
+// matchesAt reports whether the stream's filter in force for the event at
+// seq takes svc.
+func (c *streamCheck) matchesAt(svc string, seq uint64) bool { return c.flt.set(seq).has(svc) }
 
 // matching lists the history's matching sequences in (lo, hi].
 func (c *streamCheck) matching(lo, hi uint64) []uint64 {
 	var out []uint64
 	for _, ev := range c.h.Events {
-		if s := ev.GetSequence(); s > lo && s <= hi && c.matches(ev.GetEndpoint().GetService()) {
+		if s := ev.GetSequence(); s > lo && s <= hi && c.matchesAt(ev.GetEndpoint().GetService(), s) {
 			out = append(out, s)
 		}
 	}
@@ -123,10 +148,7 @@ func (c *streamCheck) matching(lo, hi uint64) []uint64 {
 }
 
 func checkStream(h *History, r *Recorder) []Violation {
-	c := &streamCheck{h: h, r: r, all: len(r.Services) == 0, svcs: map[string]bool{}}
-	for _, s := range r.Services {
-		c.svcs[s] = true
-	}
+	c := &streamCheck{h: h, r: r}
 	msgs := r.Messages()
 	if len(msgs) == 0 {
 		return nil
@@ -143,6 +165,7 @@ func checkStream(h *History, r *Recorder) []Violation {
 		if r.ExpectResume {
 			c.bad(Resumable, "resume from %q inside the window got a FULL_SNAPSHOT", r.LastVersion)
 		}
+		c.plan(msgs, msgs[0].GetSequence())
 		n, ok := c.snapshot(msgs)
 		if !ok {
 			return c.vs
@@ -159,8 +182,16 @@ func checkStream(h *History, r *Recorder) []Violation {
 			return c.vs
 		}
 		resumedFrom, resuming, c.pos, rest = seq, true, seq, msgs
+		start := seq
+		for _, m := range msgs {
+			if m.GetType() == registrarv1.EndpointEvent_PROGRESS {
+				start = max(start, m.GetSequence())
+				break
+			}
+		}
+		c.plan(msgs, start)
 	}
-	c.follow(rest, resuming, resumedFrom)
+	c.follow(rest, len(msgs)-len(rest), resuming, resumedFrom)
 	return c.vs
 }
 
@@ -197,15 +228,16 @@ func (c *streamCheck) snapshot(msgs []*registrarv1.EndpointEvent) (n int, ok boo
 	for _, d := range dups {
 		c.bad(Filtered, "snapshot at %d lists %s twice", seq, d)
 	}
+	initial := c.flt.sets[0]
 	for k, e := range gs {
-		if !c.matches(e.GetService()) {
+		if !initial.has(e.GetService()) {
 			c.bad(Filtered, "snapshot at %d has %s outside the filter %v", seq, k, c.r.Services)
 			delete(gs, k)
 		}
 	}
 	want := c.h.stateAt(seq)
 	for k, e := range want {
-		if !c.matches(e.GetService()) {
+		if !initial.has(e.GetService()) {
 			delete(want, k)
 		}
 	}
@@ -216,15 +248,35 @@ func (c *streamCheck) snapshot(msgs []*registrarv1.EndpointEvent) (n int, ok boo
 	return n, true
 }
 
-// follow checks the messages after a snapshot, or all of a resumed stream's.
-func (c *streamCheck) follow(msgs []*registrarv1.EndpointEvent, resuming bool, token uint64) {
+// follow checks the messages after a snapshot, or all of a resumed stream's;
+// msgs[0] is the recording's message off.
+func (c *streamCheck) follow(msgs []*registrarv1.EndpointEvent, off int, resuming bool, token uint64) {
 	delivered := map[uint64]int{} // sequence -> message index
 	var missed []uint64           // sequences delivered during the resume
 	var maxChange, maxAny, lastBookmark uint64
 	maxChange, maxAny = c.pos, c.pos
+	// The last SERVICES_SNAPSHOT: changes at or below it may not follow it.
+	var svcSnap uint64
+	var svcSnapOf svcSet
 	for i, m := range msgs {
 		seq := m.GetSequence()
 		switch m.GetType() {
+		case registrarv1.EndpointEvent_SERVICES_SNAPSHOT:
+			sn, first := c.flt.snaps[off+i]
+			if !first {
+				continue // a further chunk, or one plan already reported
+			}
+			if resuming {
+				c.bad(Resumable, "services snapshot at %d inside the resume from %d, before its bookmark", seq, token)
+			}
+			if seq < maxChange {
+				c.bad(Ordered, "services snapshot at %d after the event at %d", seq, maxChange)
+			}
+			svcSnap, svcSnapOf = max(svcSnap, seq), svcSet{}
+			for _, s := range c.flt.added[sn.update] {
+				svcSnapOf[s] = true
+			}
+			maxAny = max(maxAny, seq)
 		case registrarv1.EndpointEvent_ENDPOINT_ADDED, registrarv1.EndpointEvent_ENDPOINT_UPDATED, registrarv1.EndpointEvent_ENDPOINT_REMOVED:
 			ref := c.h.event(seq)
 			switch {
@@ -233,8 +285,8 @@ func (c *streamCheck) follow(msgs []*registrarv1.EndpointEvent, resuming bool, t
 			case ref.GetType() != m.GetType() || !proto.Equal(ref.GetEndpoint(), m.GetEndpoint()):
 				c.bad(Faithful, "event at %d is %v %s, history has %v %s", seq, m.GetType(), key(m.GetEndpoint()), ref.GetType(), key(ref.GetEndpoint()))
 			}
-			if !c.matches(m.GetEndpoint().GetService()) {
-				c.bad(Filtered, "event at %d is of service %q, outside the filter %v", seq, m.GetEndpoint().GetService(), c.r.Services)
+			if svc := m.GetEndpoint().GetService(); !c.matchesAt(svc, seq) {
+				c.bad(Filtered, "event at %d is of service %q, outside the filter %v in force there", seq, svc, c.flt.set(seq))
 			}
 			if _, dup := delivered[seq]; dup {
 				c.bad(Unique, "event at %d delivered twice", seq)
@@ -245,6 +297,10 @@ func (c *streamCheck) follow(msgs []*registrarv1.EndpointEvent, resuming bool, t
 				c.bad(Resumable, "resume from %d repeats the event at %d", token, seq)
 			case !resuming && seq <= c.pos:
 				c.bad(Unique, "event at %d after the stream's snapshot at %d already reflected it", seq, c.pos)
+			case seq <= svcSnap && svcSnapOf[m.GetEndpoint().GetService()]:
+				c.bad(Unique, "event at %d after the services snapshot at %d already reflected it", seq, svcSnap)
+			case seq <= svcSnap:
+				c.bad(Ordered, "event at %d after the services snapshot at %d", seq, svcSnap)
 			case seq < maxChange:
 				c.bad(Ordered, "event at %d after the event at %d", seq, maxChange)
 			}

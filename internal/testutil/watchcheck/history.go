@@ -150,6 +150,7 @@ func (h *History) BatchOf(after uint64, eps ...*registryv1.ServiceEndpoint) ([2]
 func (r *Recorder) Clone(name string) *Recorder {
 	c := &Recorder{Name: name, Services: append([]string(nil), r.Services...), LastVersion: r.LastVersion, ExpectResume: r.ExpectResume}
 	c.msgs = r.Messages()
+	c.updates = r.Updates()
 	return c
 }
 
@@ -157,6 +158,11 @@ func (r *Recorder) Clone(name string) *Recorder {
 func (r *Recorder) Without(i int) *Recorder {
 	c := r.Clone(r.Name + "-corrupted")
 	c.msgs = append(c.msgs[:i:i], c.msgs[i+1:]...)
+	for j := range c.updates {
+		if c.updates[j].After > i {
+			c.updates[j].After--
+		}
+	}
 	return c
 }
 

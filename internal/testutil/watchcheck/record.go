@@ -8,6 +8,14 @@
 // acknowledged write appears at the version its response named, and that the
 // replayed final state equals the registrar's own listing. Check then judges
 // every other recorded stream against it; see Check for the properties.
+// Subscribe streams, whose filter changes while they live, are recorded with
+// Subscribe and judged by Check as well.
+//
+// CheckEpochs extends Check across registrar restarts (one history per
+// epoch, and the state at each epoch switch checked against the previous
+// epoch's end), and CheckView judges a view derived from the streams, such
+// as the client library's cache or a peer region's registrar, per endpoint
+// against the histories.
 package watchcheck
 
 import (
@@ -37,11 +45,13 @@ type Recorder struct {
 	// PROGRESS) rather than start over with a FULL_SNAPSHOT.
 	ExpectResume bool
 
-	mu     sync.Mutex
-	msgs   []*registrarv1.EndpointEvent
-	err    error
-	done   bool
-	cancel context.CancelFunc
+	mu      sync.Mutex
+	msgs    []*registrarv1.EndpointEvent
+	updates []Update // Subscribe streams: service changes the client sent
+	err     error
+	done    bool
+	cancel  context.CancelFunc
+	send    func(*registrarv1.SubscribeRequest) error // Subscribe streams opened by Subscribe
 }
 
 // NewRecorder makes a recorder for a stream opened with req. Feed it with
