@@ -74,6 +74,10 @@ type state struct {
 	// only guard needed is against a listing older than our own put.
 	nodes       map[registry.NodeID]*registryv1.Node
 	nodeFlushed map[registry.NodeID]int64
+
+	// track notes the watch's changes while a background re-list is out
+	// (relist.go); nil otherwise.
+	track *relistTrack
 }
 
 func newState(epoch string, historySize, queueLimit int) *state {
@@ -237,6 +241,7 @@ func (s *state) guarded(id registry.EndpointID, rev int64) bool {
 func (s *state) applyWatch(b etcdstore.WatchBatch) []*registrarv1.EndpointEvent {
 	var evs []*registrarv1.EndpointEvent
 	for _, e := range b.Events {
+		s.noteEndpoint(e.ID, e.Revision)
 		if e.Revision <= s.backendRv || s.guarded(e.ID, e.Revision) {
 			continue
 		}
@@ -245,6 +250,7 @@ func (s *state) applyWatch(b etcdstore.WatchBatch) []*registrarv1.EndpointEvent 
 		}
 	}
 	for _, n := range b.Nodes {
+		s.noteNode(n.ID, n.Revision)
 		if n.Revision <= s.backendRv || s.nodeFlushed[n.ID] > n.Revision {
 			continue
 		}
@@ -305,17 +311,21 @@ func (s *state) ghosts(region, cluster string, now time.Time, grace time.Duratio
 }
 
 // applyListing reconciles the snapshot with a full listing of the backend
-// taken at listing.Revision, producing events for the differences.
+// taken at listing.Revision, producing events for the differences. A
+// listing read while the watch kept being applied (trackForListing) may be
+// older than the snapshot; relist.go says why it is still exact.
 func (s *state) applyListing(l etcdstore.Listing) []*registrarv1.EndpointEvent {
-	if l.Revision < s.backendRv {
-		return nil // older than what we already reflect
+	t := s.track
+	s.track = nil
+	if l.Revision < s.backendRv && t == nil {
+		return nil // older than what we already reflect, and nothing says where
 	}
 	var evs []*registrarv1.EndpointEvent
 	seen := make(map[registry.EndpointID]struct{}, len(l.Endpoints))
 	for _, ep := range l.Endpoints {
 		id := registry.IDOf(ep)
 		seen[id] = struct{}{}
-		if s.guarded(id, l.Revision) {
+		if s.guarded(id, l.Revision) || t.newerEndpoint(id, l.Revision) {
 			continue
 		}
 		if ev := s.set(id, ep); ev != nil {
@@ -325,7 +335,7 @@ func (s *state) applyListing(l etcdstore.Listing) []*registrarv1.EndpointEvent {
 	var gone []registry.EndpointID
 	for _, m := range s.endpoints {
 		for id := range m {
-			if _, ok := seen[id]; !ok && !s.guarded(id, l.Revision) {
+			if _, ok := seen[id]; !ok && !s.guarded(id, l.Revision) && !t.newerEndpoint(id, l.Revision) {
 				gone = append(gone, id)
 			}
 		}
@@ -337,7 +347,16 @@ func (s *state) applyListing(l etcdstore.Listing) []*registrarv1.EndpointEvent {
 	}
 	nodes := make(map[registry.NodeID]*registryv1.Node, len(l.Nodes))
 	for _, n := range l.Nodes {
-		nodes[registry.NodeIDOf(n)] = n
+		if id := registry.NodeIDOf(n); !t.newerNode(id, l.Revision) {
+			nodes[id] = n
+		}
+	}
+	if t != nil {
+		for id, rev := range t.nodes {
+			if n, ok := s.nodes[id]; ok && rev > l.Revision {
+				nodes[id] = n // the watch's word is newer; absent stays absent
+			}
+		}
 	}
 	for id, rev := range s.nodeFlushed {
 		if rev > l.Revision { // ours is newer than the listing

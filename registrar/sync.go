@@ -17,14 +17,34 @@ const maxWatchCoalesce = 256
 // applied is folded into one update and one broadcast, so a burst coalesces
 // without a fixed delay on every change (a delay would put a floor under
 // cross-replica latency). A full re-list runs every SyncInterval as a
-// backstop, and when the watch cannot resume (compaction); re-lists are
-// spaced at least SyncDebounce apart. With SyncMode SyncPoll no watch is
+// backstop, in the background while the watch goes on (relist.go), and in
+// the foreground when the watch cannot resume (compaction); foreground
+// re-lists are spaced at least SyncDebounce apart. With SyncMode SyncPoll no watch is
 // opened at all: the re-list every SyncInterval is the only way other
 // replicas' writes arrive.
 func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	poll := time.NewTicker(r.opts.SyncInterval)
 	defer poll.Stop()
 	var lastList time.Time
+	// applyListing folds a listing into the snapshot; a node record the
+	// listing no longer has starts a sweep, as a watch's deletion would.
+	applyListing := func(l etcdstore.Listing) {
+		nodeGone := false
+		r.apply(func(st *state) []*registrarv1.EndpointEvent {
+			before := st.nodes
+			evs := st.applyListing(l)
+			for id := range before {
+				if _, ok := st.nodes[id]; !ok {
+					nodeGone = true
+					break
+				}
+			}
+			return evs
+		})
+		if nodeGone {
+			r.kickSweep()
+		}
+	}
 	relist := func() (int64, bool) {
 		if wait := r.opts.SyncDebounce - time.Since(lastList); wait > 0 {
 			select {
@@ -41,21 +61,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			}
 			return 0, false
 		}
-		nodeGone := false
-		r.apply(func(st *state) []*registrarv1.EndpointEvent {
-			before := st.nodes
-			evs := st.applyListing(l)
-			for id := range before {
-				if _, ok := st.nodes[id]; !ok {
-					nodeGone = true
-					break
-				}
-			}
-			return evs
-		})
-		if nodeGone {
-			r.kickSweep() // as a watch's node deletion would
-		}
+		applyListing(l)
 		return l.Revision, true
 	}
 	if r.opts.SyncMode == SyncPoll {
@@ -70,6 +76,18 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	}
 	watch, wcancel := r.watchFrom(ctx, rev)
 	defer func() { wcancel() }()
+	// The backstop re-list runs beside the watch (relist.go): at most one
+	// at a time, its result arriving on listed.
+	type listResult struct {
+		l   etcdstore.Listing
+		err error
+	}
+	var listed chan listResult // nil while none is out
+	defer func() {
+		if listed != nil {
+			<-listed // it ends with ctx; do not leave it behind
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():
@@ -125,7 +143,29 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 				r.kickSweep()
 			}
 		case <-poll.C:
-			relist()
+			if listed != nil {
+				continue // the previous one is still out
+			}
+			r.mu.Lock()
+			r.st.trackForListing()
+			r.mu.Unlock()
+			listed = make(chan listResult, 1)
+			go func(out chan<- listResult) {
+				l, err := r.list(ctx)
+				out <- listResult{l, err}
+			}(listed)
+		case res := <-listed:
+			listed = nil
+			if res.err != nil {
+				r.mu.Lock()
+				r.st.untrack()
+				r.mu.Unlock()
+				if !isClosed(ctx, res.err) {
+					r.log.Warn("backstop listing failed; the watch goes on", "err", res.err)
+				}
+				continue
+			}
+			applyListing(res.l)
 		}
 	}
 }

@@ -1,0 +1,172 @@
+package registrar
+
+import (
+	"sort"
+	"testing"
+
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/registry"
+)
+
+// A background listing is read at a revision the watch may pass before the
+// listing is applied; the cases are what the watch did meanwhile.
+func TestBackgroundListing(t *testing.T) {
+	a, b, c := mkEP(t, "web", "10.0.0.1"), mkEP(t, "web", "10.0.0.2"), mkEP(t, "db", "10.0.0.3")
+	aDrain := mkEP(t, "web", "10.0.0.1", draining)
+	for _, tc := range []struct {
+		name    string
+		start   []*registryv1.ServiceEndpoint // snapshot at revision 10, before the listing starts
+		watch   []etcdstore.Event             // applied while the listing is out (batch revision 20)
+		listAt  int64
+		listed  []*registryv1.ServiceEndpoint
+		wantEvs []string
+		want    []string // the snapshot afterwards: ip/state
+	}{{
+		name:  "watch passed the listing, nothing missed: no events",
+		start: []*registryv1.ServiceEndpoint{a, b},
+		watch: []etcdstore.Event{put(12, c), put(20, aDrain)}, listAt: 15,
+		listed: []*registryv1.ServiceEndpoint{a, b, c},
+		want:   []string{"10.0.0.1/STATE_DRAINING", "10.0.0.2/STATE_SERVING", "10.0.0.3/STATE_SERVING"},
+	}, {
+		name:  "a delete after the listing is not undone",
+		start: []*registryv1.ServiceEndpoint{a, b},
+		watch: []etcdstore.Event{del(18, b)}, listAt: 15,
+		listed: []*registryv1.ServiceEndpoint{a, b},
+		want:   []string{"10.0.0.1/STATE_SERVING"},
+	}, {
+		name:  "an add after the listing is not removed",
+		start: []*registryv1.ServiceEndpoint{a},
+		watch: []etcdstore.Event{put(19, c)}, listAt: 15,
+		listed: []*registryv1.ServiceEndpoint{a},
+		want:   []string{"10.0.0.1/STATE_SERVING", "10.0.0.3/STATE_SERVING"},
+	}, {
+		name:  "an endpoint the watch never delivered is repaired",
+		start: []*registryv1.ServiceEndpoint{a},
+		watch: []etcdstore.Event{put(19, b)}, listAt: 15,
+		listed:  []*registryv1.ServiceEndpoint{a, c},
+		wantEvs: []string{"ENDPOINT_ADDED 10.0.0.3"},
+		want:    []string{"10.0.0.1/STATE_SERVING", "10.0.0.2/STATE_SERVING", "10.0.0.3/STATE_SERVING"},
+	}, {
+		name:  "a missed delete is repaired",
+		start: []*registryv1.ServiceEndpoint{a, b},
+		watch: []etcdstore.Event{put(19, c)}, listAt: 15,
+		listed:  []*registryv1.ServiceEndpoint{a},
+		wantEvs: []string{"ENDPOINT_REMOVED 10.0.0.2"},
+		want:    []string{"10.0.0.1/STATE_SERVING", "10.0.0.3/STATE_SERVING"},
+	}, {
+		name:  "a missed update is repaired",
+		start: []*registryv1.ServiceEndpoint{a},
+		watch: []etcdstore.Event{put(19, c)}, listAt: 15,
+		listed:  []*registryv1.ServiceEndpoint{aDrain},
+		wantEvs: []string{"ENDPOINT_UPDATED 10.0.0.1"},
+		want:    []string{"10.0.0.1/STATE_DRAINING", "10.0.0.3/STATE_SERVING"},
+	}, {
+		name:  "the watch changed a key before the listing's revision: the listing is as new",
+		start: []*registryv1.ServiceEndpoint{a},
+		watch: []etcdstore.Event{put(12, aDrain), put(19, c)}, listAt: 15,
+		listed: []*registryv1.ServiceEndpoint{aDrain},
+		want:   []string{"10.0.0.1/STATE_DRAINING", "10.0.0.3/STATE_SERVING"},
+	}, {
+		name:  "the watch is behind the listing: the listing is applied as a newer one",
+		start: []*registryv1.ServiceEndpoint{a},
+		watch: nil, listAt: 25,
+		listed:  []*registryv1.ServiceEndpoint{a, b},
+		wantEvs: []string{"ENDPOINT_ADDED 10.0.0.2"},
+		want:    []string{"10.0.0.1/STATE_SERVING", "10.0.0.2/STATE_SERVING"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newState("e", 100, 100)
+			s.applyListing(listing(10, tc.start...))
+			s.trackForListing()
+			if tc.watch != nil {
+				s.applyWatch(etcdstore.WatchBatch{Revision: 20, Events: tc.watch})
+			}
+			got := types(s.applyListing(listing(tc.listAt, tc.listed...)))
+			if !eq(got, tc.wantEvs) {
+				t.Errorf("events %v, want %v", got, tc.wantEvs)
+			}
+			if got := snapshotIPs(s); !eq(got, tc.want) {
+				t.Errorf("snapshot %v, want %v", got, tc.want)
+			}
+			if s.track != nil {
+				t.Error("tracking left on after the listing")
+			}
+			if want := max(20, tc.listAt); tc.watch != nil && s.backendRv != want {
+				t.Errorf("backend revision %d, want %d", s.backendRv, want)
+			}
+		})
+	}
+}
+
+// Without tracking, a listing older than the snapshot is still ignored: a
+// foreground listing cannot know what the watch did after it.
+func TestUntrackedStaleListingIgnored(t *testing.T) {
+	a, b := mkEP(t, "web", "10.0.0.1"), mkEP(t, "web", "10.0.0.2")
+	s := newState("e", 100, 100)
+	s.applyListing(listing(10, a))
+	s.trackForListing()
+	s.untrack() // the listing failed
+	s.applyWatch(etcdstore.WatchBatch{Revision: 20, Events: []etcdstore.Event{put(20, b)}})
+	if evs := s.applyListing(listing(15, a)); evs != nil {
+		t.Fatalf("stale untracked listing produced %v", types(evs))
+	}
+}
+
+// Local writes still win over a background listing.
+func TestBackgroundListingKeepsLocalWrites(t *testing.T) {
+	a, b := mkEP(t, "web", "10.0.0.1"), mkEP(t, "web", "10.0.0.2")
+	s := newState("e", 100, 100)
+	s.applyListing(listing(10))
+	s.trackForListing()
+	s.register(a, t0) // pending
+	s.register(b, t0)
+	done := s.takeBatch(1)
+	s.batchDone(done, 18) // one of them persisted after the listing began...
+	// ...and the watch delivers that put, then goes past it.
+	persisted := s.get(done[0].ID)
+	s.applyWatch(etcdstore.WatchBatch{Revision: 20, Events: []etcdstore.Event{put(18, persisted), put(19, mkEP(t, "db", "10.0.0.9"))}})
+	if evs := s.applyListing(listing(15)); len(evs) != 0 {
+		t.Fatalf("listing reverted local writes: %v", types(evs))
+	}
+	if s.get(registry.IDOf(a)) == nil || s.get(registry.IDOf(b)) == nil {
+		t.Fatal("local write lost")
+	}
+}
+
+// Node records follow the same rule.
+func TestBackgroundListingNodes(t *testing.T) {
+	n1 := &registryv1.Node{Name: "n1", Region: "default", Cluster: "default"}
+	n2 := &registryv1.Node{Name: "n2", Region: "default", Cluster: "default"}
+	n3 := &registryv1.Node{Name: "n3", Region: "default", Cluster: "default"}
+	id := registry.NodeIDOf
+	s := newState("e", 100, 100)
+	s.applyListing(etcdstore.Listing{Revision: 10, Nodes: []*registryv1.Node{n1, n2}})
+	s.trackForListing()
+	s.applyWatch(etcdstore.WatchBatch{Revision: 20, Nodes: []etcdstore.NodeEvent{
+		{ID: id(n1), Revision: 18},           // n1 left after the listing
+		{ID: id(n3), Node: n3, Revision: 19}, // n3 joined after it
+	}})
+	// The listing (at 15) still has n1, lacks n3, and lacks n2 (whose
+	// deletion the watch missed).
+	s.applyListing(etcdstore.Listing{Revision: 15, Nodes: []*registryv1.Node{n1}})
+	var got []string
+	for nid := range s.nodes {
+		got = append(got, nid.Name)
+	}
+	sort.Strings(got)
+	if !eq(got, []string{"n3"}) {
+		t.Fatalf("nodes %v, want [n3]", got)
+	}
+}
+
+func snapshotIPs(s *state) []string {
+	var out []string
+	for _, m := range s.endpoints {
+		for _, ep := range m {
+			out = append(out, ep.Ip+"/"+ep.State.String())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
