@@ -1,6 +1,11 @@
 package registrar
 
 import (
+	"math"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/etcdstore"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -61,4 +66,149 @@ func (t *relistTrack) newerEndpoint(id registry.EndpointID, rev int64) bool {
 
 func (t *relistTrack) newerNode(id registry.NodeID, rev int64) bool {
 	return t != nil && t.nodes[id] > rev
+}
+
+// listingApply is one listing being folded into the snapshot, a few
+// services at a time: reconciling 100k endpoints takes over 100 ms, too
+// long to hold the lock that every registration and every delivery takes.
+// Between steps the lock is free, local writes and watch batches go on
+// (tracking keeps the listing exact across them, as above), and the
+// listing's own events go out as they are found.
+type listingApply struct {
+	l         etcdstore.Listing
+	track     *relistTrack
+	byService map[string][]*registryv1.ServiceEndpoint
+	services  []string // the listing's services, then the snapshot's others
+	next      int
+	nodeGone  bool // the listing dropped a node record the snapshot had
+}
+
+// newListingApply groups a listing by service. It reads no state, so it
+// runs outside the lock.
+func newListingApply(l etcdstore.Listing) *listingApply {
+	a := &listingApply{l: l, byService: map[string][]*registryv1.ServiceEndpoint{}}
+	for _, ep := range l.Endpoints {
+		if _, ok := a.byService[ep.Service]; !ok {
+			a.services = append(a.services, ep.Service)
+		}
+		a.byService[ep.Service] = append(a.byService[ep.Service], ep)
+	}
+	return a
+}
+
+// beginListing starts applying a; false means the listing is to be
+// ignored: older than the snapshot, with nothing tracked to say where.
+func (s *state) beginListing(a *listingApply) bool {
+	a.track = s.track
+	if a.l.Revision < s.backendRv && a.track == nil {
+		return false
+	}
+	for svc := range s.endpoints {
+		if _, ok := a.byService[svc]; !ok {
+			a.services = append(a.services, svc)
+		}
+	}
+	return true
+}
+
+// stepListing reconciles whole services until about budget endpoints have
+// been looked at, and the node records and the revision once every service
+// is done, which it reports.
+func (s *state) stepListing(a *listingApply, budget int) (evs []*registrarv1.EndpointEvent, done bool) {
+	for a.next < len(a.services) && budget > 0 {
+		svc := a.services[a.next]
+		a.next++
+		listed := a.byService[svc]
+		budget -= len(listed) + len(s.endpoints[svc])
+		evs = append(evs, s.reconcileService(svc, listed, a)...)
+	}
+	if a.next < len(a.services) {
+		return evs, false
+	}
+	s.finishListing(a)
+	return evs, true
+}
+
+// reconcileService makes one service's endpoints match the listing, except
+// those written locally and not yet known persisted by it (guarded) and
+// those the watch changed after it.
+func (s *state) reconcileService(svc string, listed []*registryv1.ServiceEndpoint, a *listingApply) []*registrarv1.EndpointEvent {
+	rev := a.l.Revision
+	var evs []*registrarv1.EndpointEvent
+	seen := make(map[registry.EndpointID]struct{}, len(listed))
+	for _, ep := range listed {
+		id := registry.IDOf(ep)
+		seen[id] = struct{}{}
+		if s.guarded(id, rev) || a.track.newerEndpoint(id, rev) {
+			continue
+		}
+		if ev := s.set(id, ep); ev != nil {
+			evs = append(evs, ev)
+		}
+	}
+	var gone []registry.EndpointID
+	for id := range s.endpoints[svc] {
+		if _, ok := seen[id]; !ok && !s.guarded(id, rev) && !a.track.newerEndpoint(id, rev) {
+			gone = append(gone, id)
+		}
+	}
+	for _, id := range gone {
+		if ev := s.set(id, nil); ev != nil {
+			evs = append(evs, ev)
+		}
+	}
+	return evs
+}
+
+// finishListing takes the listing's node records, keeping those the watch
+// or our own writes know newer, advances the snapshot's revision and ends
+// tracking.
+func (s *state) finishListing(a *listingApply) {
+	rev, t := a.l.Revision, a.track
+	nodes := make(map[registry.NodeID]*registryv1.Node, len(a.l.Nodes))
+	for _, n := range a.l.Nodes {
+		if id := registry.NodeIDOf(n); !t.newerNode(id, rev) {
+			nodes[id] = n
+		}
+	}
+	if t != nil {
+		for id, r := range t.nodes {
+			if n, ok := s.nodes[id]; ok && r > rev {
+				nodes[id] = n // the watch's word is newer; absent stays absent
+			}
+		}
+	}
+	for id, r := range s.nodeFlushed {
+		if r > rev { // ours is newer than the listing
+			if n, ok := s.nodes[id]; ok {
+				nodes[id] = n
+			} else {
+				delete(nodes, id)
+			}
+		}
+	}
+	for id := range s.nodes {
+		if _, ok := nodes[id]; !ok {
+			a.nodeGone = true
+			break
+		}
+	}
+	s.nodes = nodes
+	s.advance(rev)
+	if s.track == t {
+		s.track = nil
+	}
+}
+
+// applyListing reconciles the snapshot with a full listing of the backend
+// taken at l.Revision in one step, producing events for the differences;
+// for start-up, and for tests.
+func (s *state) applyListing(l etcdstore.Listing) []*registrarv1.EndpointEvent {
+	a := newListingApply(l)
+	if !s.beginListing(a) {
+		s.track = nil
+		return nil
+	}
+	evs, _ := s.stepListing(a, math.MaxInt)
+	return evs
 }

@@ -310,68 +310,6 @@ func (s *state) ghosts(region, cluster string, now time.Time, grace time.Duratio
 	return out
 }
 
-// applyListing reconciles the snapshot with a full listing of the backend
-// taken at listing.Revision, producing events for the differences. A
-// listing read while the watch kept being applied (trackForListing) may be
-// older than the snapshot; relist.go says why it is still exact.
-func (s *state) applyListing(l etcdstore.Listing) []*registrarv1.EndpointEvent {
-	t := s.track
-	s.track = nil
-	if l.Revision < s.backendRv && t == nil {
-		return nil // older than what we already reflect, and nothing says where
-	}
-	var evs []*registrarv1.EndpointEvent
-	seen := make(map[registry.EndpointID]struct{}, len(l.Endpoints))
-	for _, ep := range l.Endpoints {
-		id := registry.IDOf(ep)
-		seen[id] = struct{}{}
-		if s.guarded(id, l.Revision) || t.newerEndpoint(id, l.Revision) {
-			continue
-		}
-		if ev := s.set(id, ep); ev != nil {
-			evs = append(evs, ev)
-		}
-	}
-	var gone []registry.EndpointID
-	for _, m := range s.endpoints {
-		for id := range m {
-			if _, ok := seen[id]; !ok && !s.guarded(id, l.Revision) && !t.newerEndpoint(id, l.Revision) {
-				gone = append(gone, id)
-			}
-		}
-	}
-	for _, id := range gone {
-		if ev := s.set(id, nil); ev != nil {
-			evs = append(evs, ev)
-		}
-	}
-	nodes := make(map[registry.NodeID]*registryv1.Node, len(l.Nodes))
-	for _, n := range l.Nodes {
-		if id := registry.NodeIDOf(n); !t.newerNode(id, l.Revision) {
-			nodes[id] = n
-		}
-	}
-	if t != nil {
-		for id, rev := range t.nodes {
-			if n, ok := s.nodes[id]; ok && rev > l.Revision {
-				nodes[id] = n // the watch's word is newer; absent stays absent
-			}
-		}
-	}
-	for id, rev := range s.nodeFlushed {
-		if rev > l.Revision { // ours is newer than the listing
-			if n, ok := s.nodes[id]; ok {
-				nodes[id] = n
-			} else {
-				delete(nodes, id)
-			}
-		}
-	}
-	s.nodes = nodes
-	s.advance(l.Revision)
-	return evs
-}
-
 // advance records that the snapshot reflects the backend up to rev and
 // forgets flush revisions the backend has caught up with.
 func (s *state) advance(rev int64) {

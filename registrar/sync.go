@@ -12,39 +12,55 @@ import (
 // snapshot update.
 const maxWatchCoalesce = 256
 
+// listingStep is about how many endpoints one step of a listing's
+// application looks at while holding the lock (a few milliseconds' work).
+const listingStep = 2048
+
 // runSync keeps the snapshot in step with the backend. Watch batches are
 // applied as they arrive: whatever queued up while the previous one was
 // applied is folded into one update and one broadcast, so a burst coalesces
 // without a fixed delay on every change (a delay would put a floor under
 // cross-replica latency). A full re-list runs every SyncInterval as a
-// backstop, in the background while the watch goes on (relist.go), and in
-// the foreground when the watch cannot resume (compaction); foreground
-// re-lists are spaced at least SyncDebounce apart. With SyncMode SyncPoll no watch is
-// opened at all: the re-list every SyncInterval is the only way other
-// replicas' writes arrive.
+// backstop: read in the background while the watch goes on, and applied a
+// few services at a time with watch batches let in between (relist.go), so
+// a large registry's listing never holds other replicas' writes back. When
+// the watch cannot resume (compaction) the re-list runs in the foreground;
+// foreground re-lists are spaced at least SyncDebounce apart. With SyncMode
+// SyncPoll no watch is opened at all: the re-list every SyncInterval is the
+// only way other replicas' writes arrive.
 func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	poll := time.NewTicker(r.opts.SyncInterval)
 	defer poll.Stop()
-	var lastList time.Time
-	// applyListing folds a listing into the snapshot; a node record the
-	// listing no longer has starts a sweep, as a watch's deletion would.
-	applyListing := func(l etcdstore.Listing) {
-		nodeGone := false
+
+	// step applies one step of a listing; a node record the listing no
+	// longer has starts a sweep, as a watch's deletion would.
+	step := func(a *listingApply) (done bool) {
 		r.apply(func(st *state) []*registrarv1.EndpointEvent {
-			before := st.nodes
-			evs := st.applyListing(l)
-			for id := range before {
-				if _, ok := st.nodes[id]; !ok {
-					nodeGone = true
-					break
-				}
-			}
+			var evs []*registrarv1.EndpointEvent
+			evs, done = st.stepListing(a, listingStep)
 			return evs
 		})
-		if nodeGone {
+		if done && a.nodeGone {
 			r.kickSweep()
 		}
+		return done
 	}
+	// begin starts applying a listing; false if it is to be ignored.
+	begin := func(l etcdstore.Listing) *listingApply {
+		a := newListingApply(l)
+		r.mu.Lock()
+		ok := r.st.beginListing(a)
+		if !ok {
+			r.st.untrack()
+		}
+		r.mu.Unlock()
+		if !ok {
+			return nil
+		}
+		return a
+	}
+	var lastList time.Time
+	// relist lists and applies in the foreground, with no watch running.
 	relist := func() (int64, bool) {
 		if wait := r.opts.SyncDebounce - time.Since(lastList); wait > 0 {
 			select {
@@ -61,7 +77,10 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			}
 			return 0, false
 		}
-		applyListing(l)
+		if a := begin(l); a != nil {
+			for !step(a) {
+			}
+		}
 		return l.Revision, true
 	}
 	if r.opts.SyncMode == SyncPoll {
@@ -74,10 +93,72 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			}
 		}
 	}
+
 	watch, wcancel := r.watchFrom(ctx, rev)
 	defer func() { wcancel() }()
-	// The backstop re-list runs beside the watch (relist.go): at most one
-	// at a time, its result arriving on listed.
+	// applying is the backstop listing being applied, step by step.
+	var applying *listingApply
+	// onWatch applies a watch batch and whatever queued behind it. It
+	// returns false when the watch lost its position and a foreground
+	// re-list and a new watch could not be set up before ctx ended.
+	onWatch := func(b etcdstore.WatchBatch, ok bool) bool {
+		if ctx.Err() != nil {
+			return false
+		}
+		if !ok || b.Compacted {
+			// The watch cannot resume where it was: re-list until that
+			// works, then watch from the listing.
+			r.log.Info("backend watch lost its position; re-listing", "compacted", b.Compacted)
+			wcancel()
+			// The foreground listing supersedes a backstop one being
+			// applied, and ends the tracking that kept that one exact.
+			applying = nil
+			var rev int64
+			for {
+				var ok bool
+				if rev, ok = relist(); ok || ctx.Err() != nil {
+					break
+				}
+			}
+			if ctx.Err() != nil {
+				return false
+			}
+			watch, wcancel = r.watchFrom(ctx, rev)
+			return true
+		}
+		batches := []etcdstore.WatchBatch{b}
+	drain:
+		for len(batches) < maxWatchCoalesce {
+			select {
+			case nb, ok := <-watch:
+				if !ok || nb.Compacted {
+					// Leave the loss of position to the next turn.
+					break drain
+				}
+				batches = append(batches, nb)
+			default:
+				break drain
+			}
+		}
+		nodeGone := false
+		r.apply(func(st *state) []*registrarv1.EndpointEvent {
+			var evs []*registrarv1.EndpointEvent
+			for _, b := range batches {
+				evs = append(evs, st.applyWatch(b)...)
+				for _, n := range b.Nodes {
+					nodeGone = nodeGone || n.Node == nil
+				}
+			}
+			return evs
+		})
+		if nodeGone {
+			r.kickSweep()
+		}
+		return true
+	}
+
+	// The backstop listing: at most one out at a time, its result arriving
+	// on listed, then applied step by step (applying).
 	type listResult struct {
 		l   etcdstore.Listing
 		err error
@@ -89,58 +170,30 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 		}
 	}()
 	for {
+		if applying != nil {
+			// A step of the listing, unless the watch has something:
+			// the watch goes first.
+			select {
+			case <-ctx.Done():
+				return
+			case b, ok := <-watch:
+				if !onWatch(b, ok) {
+					return
+				}
+				continue
+			default:
+			}
+			if step(applying) {
+				applying = nil
+			}
+			continue
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case b, ok := <-watch:
-			if ctx.Err() != nil {
+			if !onWatch(b, ok) {
 				return
-			}
-			if !ok || b.Compacted {
-				// The watch cannot resume where it was: re-list until
-				// that works, then watch from the listing.
-				r.log.Info("backend watch lost its position; re-listing", "compacted", b.Compacted)
-				wcancel()
-				var rev int64
-				for {
-					var ok bool
-					if rev, ok = relist(); ok || ctx.Err() != nil {
-						break
-					}
-				}
-				if ctx.Err() != nil {
-					return
-				}
-				watch, wcancel = r.watchFrom(ctx, rev)
-				continue
-			}
-			batches := []etcdstore.WatchBatch{b}
-		drain:
-			for len(batches) < maxWatchCoalesce {
-				select {
-				case nb, ok := <-watch:
-					if !ok || nb.Compacted {
-						// Leave the loss of position to the next turn.
-						break drain
-					}
-					batches = append(batches, nb)
-				default:
-					break drain
-				}
-			}
-			nodeGone := false
-			r.apply(func(st *state) []*registrarv1.EndpointEvent {
-				var evs []*registrarv1.EndpointEvent
-				for _, b := range batches {
-					evs = append(evs, st.applyWatch(b)...)
-					for _, n := range b.Nodes {
-						nodeGone = nodeGone || n.Node == nil
-					}
-				}
-				return evs
-			})
-			if nodeGone {
-				r.kickSweep()
 			}
 		case <-poll.C:
 			if listed != nil {
@@ -165,7 +218,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 				}
 				continue
 			}
-			applyListing(res.l)
+			applying = begin(res.l)
 		}
 	}
 }
