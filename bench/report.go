@@ -18,6 +18,13 @@ type Options struct {
 	Quick bool // small sizes, finishes in well under a minute
 	// Scenarios are the groups to run, from Scenarios; empty means all.
 	Scenarios []string
+	// Compare runs the fanout comparison (agents on etcd, through etcd's
+	// grpc-proxy, through registrars) instead of the fanout steps; only
+	// with Scenarios exactly {ScenarioFanout}. A run of all runs both.
+	Compare bool
+	// AetherBin is the aether CLI to run registrar processes from (the
+	// CLI passes itself); empty: $AETHER_BIN, or built from ./cmd/aether.
+	AetherBin string
 }
 
 // Scenario groups, each of which owns one section of docs/benchmarks.md.
@@ -31,10 +38,13 @@ const (
 )
 
 // Scenarios lists every scenario group in the order Run runs them.
-var Scenarios = []string{ScenarioRegistrar, ScenarioReplication}
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption}
 
 // selected reports which groups o asks for, or an error naming an unknown one.
 func (o Options) selected() (map[string]bool, error) {
+	if err := o.checkCompare(); err != nil {
+		return nil, err
+	}
 	sel := map[string]bool{}
 	if len(o.Scenarios) == 0 {
 		for _, s := range Scenarios {
@@ -61,10 +71,14 @@ type Report struct {
 	CacheRead   CacheReadResult     `json:"client_cache_read"`
 	Drain       DrainResult         `json:"write_behind_drain"`
 	Replication *ReplicationResult  `json:"replication,omitempty"`
+	Fanout      *FanoutResult       `json:"fanout,omitempty"`
+	Compare     *CompareResult      `json:"fanout_compare,omitempty"`
+	Disruption  *DisruptionResult   `json:"disruption,omitempty"`
 }
 
 // Run runs the selected scenarios in turn, printing progress to w.
 func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, error) {
+	defer removeBuilds() // etcd and etcdctl, if a scenario built them
 	r := Report{Date: time.Now().UTC().Format("2006-01-02 15:04 MST"), Machine: machine(), Command: command}
 	sel, err := o.selected()
 	if err != nil {
@@ -96,6 +110,16 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 			return r, fmt.Errorf("replication: %w", err)
 		}
 		r.Replication = &res
+	}
+	if sel[ScenarioFanout] {
+		if err := runFanout(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioDisruption] {
+		if err := runDisruption(ctx, o, &r, w); err != nil {
+			return r, err
+		}
 	}
 	return r, nil
 }
@@ -183,6 +207,10 @@ func (r Report) sections() []section {
 	}
 	if r.Replication != nil {
 		out = append(out, section{replBeginMark, replEndMark, r.replicationMarkdown})
+	}
+	out = append(out, r.fanoutSections()...)
+	if r.Disruption != nil {
+		out = append(out, section{disrBeginMark, disrEndMark, r.disruptionMarkdown})
 	}
 	return out
 }

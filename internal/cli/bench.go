@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -10,7 +11,7 @@ import (
 )
 
 func newBenchCmd() *cobra.Command {
-	var quick bool
+	var quick, compare bool
 	var out string
 	var scenarios []string
 	cmd := &cobra.Command{
@@ -32,6 +33,26 @@ groups (comma-separated or repeated; default all):
                builds etcdctl from tools/etcdctl; $AETHER_ETCDCTL names a
                prebuilt one). With --quick: 1k changes, a 5s partition, and
                no make-mirror (etcdctl is not built).
+  fanout       agents' view of churn at design scale: WatchEndpoints streams
+               (up to 10k, each subscribed to up to 200 of 3k services, 100k
+               endpoints) on two registrar processes sharing an etcd process,
+               endpoints changing at 100 to 1000/s; latency p50/p99/p99.9
+               same and cross replica, registrar and etcd CPU and peak RSS,
+               etcd watches; a ladder of steps, each marked where it
+               saturates. With --compare, instead: the same workload with
+               agents watching etcd directly (one watch per dependency),
+               through etcd's grpc-proxy, and through registrars. A run of
+               every scenario runs both. The harness builds etcd from
+               tools/etcd ($AETHER_ETCD names a prebuilt one) and runs
+               registrars from this binary ($AETHER_BIN names another).
+  disruption   seed 000's disruption battery: two registrars on one etcd,
+               writes through A, clients resolving through B while pods roll
+               (surge, two-phase drain), registrars restart, clients
+               reconnect and services churn; resolutions and drops (dead
+               endpoint picked, or none found while one is live), once with
+               watch sync and once with --sync-mode poll, both at the
+               default --sync-interval 5s (about 3 minutes). With --quick:
+               a few seconds each, --sync-interval 1s.
 
 It prints a summary, rewrites the sections of --out (docs/benchmarks.md by
 default; --out "" writes nothing) for the groups it ran, and prints the
@@ -45,7 +66,14 @@ figures as one JSON object on its last line.`,
 			if len(scenarios) > 0 {
 				command += " --scenario " + strings.Join(scenarios, ",")
 			}
-			r, err := bench.Run(cmd.Context(), bench.Options{Quick: quick, Scenarios: scenarios}, command, cmd.ErrOrStderr())
+			if compare {
+				command += " --compare"
+			}
+			exe, _ := os.Executable() // registrars run as processes of this binary...
+			if strings.HasSuffix(exe, ".test") {
+				exe = "" // ...unless it is a test binary, not the CLI
+			}
+			r, err := bench.Run(cmd.Context(), bench.Options{Quick: quick, Scenarios: scenarios, Compare: compare, AetherBin: exe}, command, cmd.ErrOrStderr())
 			if err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
@@ -61,6 +89,7 @@ figures as one JSON object on its last line.`,
 	}
 	cmd.Flags().BoolVar(&quick, "quick", false, "small sizes that finish in well under a minute")
 	cmd.Flags().StringSliceVar(&scenarios, "scenario", nil, "scenario groups to run: "+strings.Join(bench.Scenarios, ", ")+" (default all)")
+	cmd.Flags().BoolVar(&compare, "compare", false, "with --scenario fanout: compare agents on etcd, through etcd's grpc-proxy and through registrars, instead of the fanout steps")
 	cmd.Flags().StringVar(&out, "out", "docs/benchmarks.md", "markdown file whose benchmark section to rewrite (\"\" for none)")
 	return cmd
 }
