@@ -57,6 +57,11 @@ type FanoutConfig struct {
 	Drain time.Duration
 	// SetupTimeout bounds the agents' setup (default 5 minutes).
 	SetupTimeout time.Duration
+	// Settle is the pause between the agents' setup and the first phase
+	// (default 5 s): the setup's snapshots leave the registrars with
+	// gigabytes of garbage to collect, which is not what churn costs in
+	// steady state.
+	Settle time.Duration
 }
 
 func (c FanoutConfig) withDefaults() FanoutConfig {
@@ -68,6 +73,9 @@ func (c FanoutConfig) withDefaults() FanoutConfig {
 	}
 	if c.SetupTimeout <= 0 {
 		c.SetupTimeout = 5 * time.Minute
+	}
+	if c.Settle <= 0 {
+		c.Settle = defaultSettle
 	}
 	c.Conns = max(c.Conns, 2)
 	return c
@@ -112,6 +120,7 @@ type FanoutStep struct {
 	SnapshotEndpoints int64   `json:"snapshot_endpoints"`
 	SnapshotsShort    int     `json:"snapshots_short,omitempty"` // snapshots missing endpoints
 	DrainSec          float64 `json:"drain_s"`                   // how long missing deliveries were waited for
+	SettleSec         float64 `json:"settle_s"`                  // pause between the agents' setup and the first phase
 
 	EtcdWatchers     int `json:"etcd_watchers"`
 	EtcdWatchStreams int `json:"etcd_watch_streams"`
@@ -411,7 +420,7 @@ func (rw *regWorld) snapStats() [4]procStats {
 
 func fanoutStep(ctx context.Context, cfg FanoutConfig, b bins, w io.Writer) (FanoutStep, error) {
 	st := FanoutStep{Label: cfg.Label, Services: cfg.Services, Endpoints: cfg.Endpoints, Streams: cfg.Streams, Conns: cfg.Conns,
-		MaxDeps: cfg.MaxDeps, WriteBatchInterval: orDefault(cfg.WriteBatchInterval), ExtraFlags: cfg.ExtraFlags, DrainSec: cfg.Drain.Seconds()}
+		MaxDeps: cfg.MaxDeps, WriteBatchInterval: orDefault(cfg.WriteBatchInterval), ExtraFlags: cfg.ExtraFlags, DrainSec: cfg.Drain.Seconds(), SettleSec: cfg.Settle.Seconds()}
 	wl := newFanWorkload(cfg.Services, cfg.Endpoints, cfg.Streams, cfg.MaxDeps)
 	st.Subscriptions, st.MeanDeps, st.MedianDeps, _ = wl.depStats()
 	rw, preload, err := newRegWorld(ctx, wl, b, cfg.Conns, cfg.WriteBatchInterval, cfg.ExtraFlags)
@@ -431,6 +440,9 @@ func fanoutStep(ctx context.Context, cfg FanoutConfig, b bins, w io.Writer) (Fan
 	}
 	fmt.Fprintf(w, "    preload %.1fs; %d streams (mean %.1f deps, %d subscriptions) synced in %.1fs; etcd has %d watches on %d streams\n",
 		st.PreloadSec, cfg.Streams, st.MeanDeps, st.Subscriptions, st.SnapshotSec, st.EtcdWatchers, st.EtcdWatchStreams)
+	if err := settle(ctx, cfg.Settle); err != nil {
+		return st, err
+	}
 	subsA := wl.subscribers(func(a int) bool { return a%2 == 0 })
 	subsB := wl.subscribers(func(a int) bool { return a%2 == 1 })
 	next := 0
@@ -527,5 +539,20 @@ func waitDeliveries(ctx context.Context, d time.Duration, done func() bool) {
 	deadline := time.Now().Add(d)
 	for !done() && time.Now().Before(deadline) && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// defaultSettle is the pause between setup and measurement.
+const defaultSettle = 5 * time.Second
+
+// settle waits d, or until ctx ends.
+func settle(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }

@@ -45,6 +45,7 @@ type CompareConfig struct {
 	Connecting   int           // agents setting up at once (default 500)
 	Drain        time.Duration // default 15 s
 	SetupTimeout time.Duration // default 3 minutes
+	Settle       time.Duration // pause between setup and churn, in every mode (default 5 s)
 }
 
 func (c CompareConfig) withDefaults() CompareConfig {
@@ -56,6 +57,9 @@ func (c CompareConfig) withDefaults() CompareConfig {
 	}
 	if c.SetupTimeout <= 0 {
 		c.SetupTimeout = 3 * time.Minute
+	}
+	if c.Settle <= 0 {
+		c.Settle = defaultSettle
 	}
 	c.Conns = max(c.Conns, 2)
 	return c
@@ -72,6 +76,7 @@ type CompareResult struct {
 	Seconds            float64       `json:"churn_s"`
 	WriteBatchInterval string        `json:"write_batch_interval"`
 	DrainSec           float64       `json:"drain_s"`
+	SettleSec          float64       `json:"settle_s"`
 	Loads              []CompareLoad `json:"loads"`
 	// At is the index in Loads of the largest load etcd-direct survived
 	// (-1: none), where the ratios are taken.
@@ -142,7 +147,7 @@ type CompareMode struct {
 func Compare(ctx context.Context, cfg CompareConfig, exe string, w io.Writer) (CompareResult, error) {
 	cfg = cfg.withDefaults()
 	res := CompareResult{Services: cfg.Services, Endpoints: cfg.Endpoints, Conns: cfg.Conns, MaxDeps: cfg.MaxDeps,
-		Rate: cfg.Load.Rate, Seconds: cfg.Load.Duration.Seconds(), WriteBatchInterval: orDefault(cfg.WriteBatchInterval), DrainSec: cfg.Drain.Seconds(), At: -1}
+		Rate: cfg.Load.Rate, Seconds: cfg.Load.Duration.Seconds(), WriteBatchInterval: orDefault(cfg.WriteBatchInterval), DrainSec: cfg.Drain.Seconds(), SettleSec: cfg.Settle.Seconds(), At: -1}
 	b, err := fanoutBins(ctx, exe, w)
 	if err != nil {
 		return res, err
@@ -260,6 +265,9 @@ func compareRegistrar(ctx context.Context, cfg CompareConfig, wl *fanWorkload, b
 	defer ag.stop()
 	m.SetupSec = setup.Seconds()
 	if m.EtcdWatchers, m.EtcdWatchStreams, err = rw.etcd.watches(); err != nil {
+		return m, err
+	}
+	if err := settle(ctx, cfg.Settle); err != nil {
 		return m, err
 	}
 	synced := rw.snapStats()
@@ -516,6 +524,9 @@ func compareEtcd(ctx context.Context, cfg CompareConfig, wl *fanWorkload, b bins
 	defer ea.stop()
 	m.SetupSec = setup.Seconds()
 	if m.EtcdWatchers, m.EtcdWatchStreams, err = etcd.watches(); err != nil {
+		return m, err
+	}
+	if err := settle(ctx, cfg.Settle); err != nil {
 		return m, err
 	}
 	eSynced, _, _ := stats()

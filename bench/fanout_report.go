@@ -41,7 +41,7 @@ func (o Options) checkCompare() error {
 func fanoutSteps(quick bool) []FanoutConfig {
 	if quick {
 		return []FanoutConfig{{Label: "quick", Services: 100, Endpoints: 2000, Streams: 200, Conns: 8, MaxDeps: 50,
-			Phases: []FanoutLoad{{Rate: 100, Duration: 3 * time.Second}}, WriteBatchInterval: fanoutBatch, Drain: 5 * time.Second}}
+			Phases: []FanoutLoad{{Rate: 100, Duration: 3 * time.Second}}, WriteBatchInterval: fanoutBatch, Drain: 5 * time.Second, Settle: 500 * time.Millisecond}}
 	}
 	base := FanoutConfig{Services: 3000, Endpoints: 100000, Conns: 200, MaxDeps: 200, WriteBatchInterval: fanoutBatch}
 	var steps []FanoutConfig
@@ -64,7 +64,7 @@ func fanoutSteps(quick bool) []FanoutConfig {
 func compareConfig(quick bool) CompareConfig {
 	if quick {
 		return CompareConfig{Services: 100, Endpoints: 2000, Agents: []int{100}, Conns: 8, MaxDeps: 50,
-			Load: FanoutLoad{Rate: 100, Duration: 2 * time.Second}, WriteBatchInterval: fanoutBatch, Drain: 5 * time.Second}
+			Load: FanoutLoad{Rate: 100, Duration: 2 * time.Second}, WriteBatchInterval: fanoutBatch, Drain: 5 * time.Second, Settle: 500 * time.Millisecond}
 	}
 	return CompareConfig{Services: 3000, Endpoints: 100000, Agents: []int{1000, 4000, 10000}, Conns: 200, MaxDeps: 200,
 		Load: FanoutLoad{Rate: 100, Duration: 10 * time.Second}, WriteBatchInterval: fanoutBatch}
@@ -118,6 +118,7 @@ func (r Report) fanoutMarkdown(b *strings.Builder) {
 	fmt.Fprintf(b, "The %d endpoints (spread evenly over %d services) are written into etcd in v1 keys before the registrars start, which load them. ", s0.Endpoints, s0.Services)
 	b.WriteString("The harness process is the load generator: the agents are WatchEndpoints streams, each with its own service list, round-robin over the gRPC connections, half of them to A and half to B, connecting at most 500 at a time; a dependency count is drawn from a bounded Pareto (P(deps ≥ k) = 4/k, capped at the step's maximum: a median of 8, one agent in ten above 40) and the services by popularity (Zipf-Mandelbrot, weight 1/(rank+10)); the same seed every run. ")
 	fmt.Fprintf(b, "**Churn**: updates of existing endpoints (a shuffled cycle through all of them) by `RegisterEndpoint` on A, open loop at the rate, %d calls in flight at most (a change due when all are busy and a second's worth is queued is skipped, and counted); each update carries its send time in its metadata, and each receiving stream records receipt minus send time (one process, one clock). **Same replica** is the agents on A; **cross replica** the agents on B, which learns of the change only through etcd after A's write-behind flush. ", churnWriters)
+	fmt.Fprintf(b, "The first phase starts %.1f s after every agent has its snapshot, so that what is measured is churn, not the setup's garbage being collected. ", s0.SettleSec)
 	fmt.Fprintf(b, "A phase is **saturated** when the cross-replica p99 exceeds %.0f ms, a stream is cut off, a delivery is still missing %.0f s after the last change, or a write fails. CPU seconds are read from `/proc/<pid>/stat` (utime+stime), peak RSS is VmHWM; the machine's cores are shared by all the processes and the load generator (which decodes every message the agents receive).\n\n", ms(FanoutGoalP99), s0.DrainSec)
 	b.WriteString("| step | streams / conns | deps mean / median / max | subscriptions | --write-batch-interval | preload | all snapshots | etcd watches (streams) | etcd CPU / peak RSS | A CPU / peak RSS | B CPU / peak RSS | load generator CPU / peak RSS |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for i, s := range res.Steps {
@@ -224,6 +225,7 @@ func (r Report) compareMarkdown(b *strings.Builder) {
 	fmt.Fprintf(b, "**%s** (the anti-pattern of design seed 000): each agent, for each dependency, Gets the service's key prefix and Watches it from the next revision (`clientv3`, one Watch per dependency, an agent's watches on one gRPC watch stream of its own as with an agent's own client, confirmed created before the churn); changes are etcd Puts of the v1 key, decoded with `registry.DecodeEndpoint`. ", ModeEtcdDirect)
 	fmt.Fprintf(b, "**%s**: the same clients pointed at a real `etcd grpc-proxy start` process (etcd's watch coalescing: watchers of the same key range share one etcd watch); writes still go to etcd. ", ModeGRPCProxy)
 	fmt.Fprintf(b, "**%s**: two registrar processes with `--write-batch-interval %s`, one WatchEndpoints stream per agent (half on each), changes through A's RegisterEndpoint; its latency row is the cross-replica agents (on B, through etcd), the same-replica ones are below it. ", ModeRegistrar, c.WriteBatchInterval)
+	fmt.Fprintf(b, "In every mode the churn starts %.1f s after the agents' setup. ", c.SettleSec)
 	fmt.Fprintf(b, "A mode **survives** a load when every delivery arrives within %.0f s of the last change, no watch or stream ends, and every write succeeds. Once etcd-direct fails a load, larger ones are not run. The *tier* is what stands between agents and etcd: the proxy, or both registrars. *Delivered* counts every agent's receipts (for the registrar, both replicas').\n\n", c.DrainSec)
 	b.WriteString("| agents (subscriptions) | mode | p50 | p99 | p99.9 | max | delivered | setup | etcd watches (streams) | etcd RSS after preload → peak | etcd CPU s: setup / churn / total | tier peak RSS / CPU s | load generator CPU s | survived |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, l := range c.Loads {

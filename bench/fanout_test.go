@@ -70,7 +70,7 @@ func TestFanoutAndCompareQuickRun(t *testing.T) {
 	fr, err := Fanout(ctx, []FanoutConfig{{
 		Services: 40, Endpoints: 400, Streams: 60, Conns: 4, MaxDeps: 20,
 		Phases:             []FanoutLoad{{Rate: 50, Duration: 2 * time.Second}},
-		WriteBatchInterval: 10 * time.Millisecond,
+		WriteBatchInterval: 10 * time.Millisecond, Settle: 200 * time.Millisecond,
 	}}, "", io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +101,7 @@ func TestFanoutAndCompareQuickRun(t *testing.T) {
 	cr, err := Compare(ctx, CompareConfig{
 		Services: 40, Endpoints: 400, Agents: []int{40}, Conns: 4, MaxDeps: 20,
 		Load: FanoutLoad{Rate: 50, Duration: 2 * time.Second}, WriteBatchInterval: 10 * time.Millisecond,
+		Settle: 200 * time.Millisecond,
 	}, "", io.Discard)
 	if err != nil {
 		t.Fatal(err)

@@ -314,7 +314,13 @@ func (s *service) serveUntil(stream sender, sub *subscription, req *registrarv1.
 			select {
 			case <-done:
 				return
-			case batch := <-sub.w.ch:
+			case <-sub.w.ready:
+			}
+			for {
+				batch, ok := sub.w.next()
+				if !ok {
+					break
+				}
 				for _, ev := range batch {
 					select {
 					case <-done:

@@ -1,6 +1,8 @@
 package registrar
 
 import (
+	"sync"
+
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 )
 
@@ -22,12 +24,23 @@ type hub struct {
 }
 
 // watcher is one stream's end of the hub.
+//
+// Its buffer is a queue that grows as batches wait and shrinks to nothing
+// when the stream catches up, not a buffered channel: a channel allocates
+// its whole capacity up front, which at the default --watch-buffer of 4096
+// is 96 KiB per stream, half a gigabyte for 5000 idle streams.
 type watcher struct {
 	f       filter
-	ch      chan []*registrarv1.EndpointEvent
+	limit   int           // batches that may wait before the stream is evicted
+	ready   chan struct{} // holds a token while the queue may be non-empty
 	evicted chan struct{}
+
+	mu    sync.Mutex
+	queue [][]*registrarv1.EndpointEvent
+
 	// active is set when the watcher was handed anything since the last
-	// progress tick; idle watchers get a bookmark.
+	// progress tick; idle watchers get a bookmark. active and gone are
+	// the hub's, under the Registrar's lock.
 	active bool
 	gone   bool
 }
@@ -37,7 +50,46 @@ func newHub() *hub {
 }
 
 func newWatcher(f filter, buffer int) *watcher {
-	return &watcher{f: f, ch: make(chan []*registrarv1.EndpointEvent, buffer), evicted: make(chan struct{})}
+	return &watcher{f: f, limit: buffer, ready: make(chan struct{}, 1), evicted: make(chan struct{})}
+}
+
+// offer queues a batch, or reports false if limit batches already wait.
+func (w *watcher) offer(batch []*registrarv1.EndpointEvent) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.queue) >= w.limit {
+		return false
+	}
+	w.queue = append(w.queue, batch)
+	select {
+	case w.ready <- struct{}{}:
+	default: // a token is already there
+	}
+	return true
+}
+
+// next takes the oldest waiting batch; false when none waits. The stream's
+// sender calls it until false after each token from ready.
+func (w *watcher) next() ([]*registrarv1.EndpointEvent, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.queue) == 0 {
+		return nil, false
+	}
+	b := w.queue[0]
+	w.queue[0] = nil
+	w.queue = w.queue[1:]
+	if len(w.queue) == 0 {
+		w.queue = nil // caught up: let the backing array go
+	}
+	return b, true
+}
+
+// pending is how many batches wait.
+func (w *watcher) pending() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.queue)
 }
 
 func (h *hub) len() int { return h.count }
@@ -80,17 +132,16 @@ func (h *hub) remove(w *watcher) {
 
 // send hands one batch to a watcher, evicting it if its buffer is full.
 func (h *hub) send(w *watcher, batch []*registrarv1.EndpointEvent) {
-	select {
-	case w.ch <- batch:
-		w.active = true
-		if h.onDeliver != nil {
-			for _, ev := range batch {
-				h.onDeliver(ev.Type, 1)
-			}
-		}
-	default:
+	if !w.offer(batch) {
 		h.remove(w)
 		close(w.evicted)
+		return
+	}
+	w.active = true
+	if h.onDeliver != nil {
+		for _, ev := range batch {
+			h.onDeliver(ev.Type, 1)
+		}
 	}
 }
 

@@ -265,6 +265,24 @@ func TestHistorySince(t *testing.T) {
 	}
 }
 
+// take is what a stream's sender does: wait for the token, take a batch.
+func take(t *testing.T, w *watcher) []*registrarv1.EndpointEvent {
+	t.Helper()
+	select {
+	case <-w.ready:
+	default:
+		t.Fatal("no batch signalled")
+	}
+	b, ok := w.next()
+	if !ok {
+		t.Fatal("signalled, but no batch waits")
+	}
+	if w.pending() > 0 {
+		w.ready <- struct{}{} // as the sender would loop on
+	}
+	return b
+}
+
 func TestHubFilterEvictProgress(t *testing.T) {
 	h := newHub()
 	fweb, _ := newFilter([]string{"web"})
@@ -276,10 +294,10 @@ func TestHubFilterEvictProgress(t *testing.T) {
 		return &registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_ENDPOINT_ADDED, Sequence: seq, Endpoint: &registryv1.ServiceEndpoint{Service: svc}}
 	}
 	h.publish([]*registrarv1.EndpointEvent{ev("db", 1), ev("web", 2)})
-	if got := <-web.ch; len(got) != 1 || got[0].Sequence != 2 {
+	if got := take(t, web); len(got) != 1 || got[0].Sequence != 2 {
 		t.Fatalf("filtered watcher got %v", got)
 	}
-	if got := <-all.ch; len(got) != 2 {
+	if got := take(t, all); len(got) != 2 {
 		t.Fatalf("unfiltered watcher got %d events in its batch, want 2", len(got))
 	}
 	// slow has a buffer of one message and never reads: the next batch evicts it.
@@ -292,19 +310,19 @@ func TestHubFilterEvictProgress(t *testing.T) {
 	if h.len() != 2 {
 		t.Fatalf("hub has %d watchers after eviction, want 2", h.len())
 	}
-	<-all.ch
+	take(t, all)
 	// Progress: the first tick after activity only resets; the next one
 	// bookmarks idle watchers.
 	bm := &registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Sequence: 3}
 	h.progress(bm)
-	if len(web.ch) != 0 || len(all.ch) != 0 {
+	if web.pending() != 0 || all.pending() != 0 {
 		t.Fatal("active watchers were bookmarked")
 	}
 	h.progress(bm)
-	if got := <-web.ch; got[0] != bm {
+	if got := take(t, web); got[0] != bm {
 		t.Fatal("idle filtered watcher got no bookmark")
 	}
-	if got := <-all.ch; got[0] != bm {
+	if got := take(t, all); got[0] != bm {
 		t.Fatal("idle watcher got no bookmark")
 	}
 }
@@ -473,5 +491,40 @@ func TestNodeEndpointCounts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A watcher's queue holds up to its limit, in order, and lets its memory go
+// once drained.
+func TestWatcherQueue(t *testing.T) {
+	w := newWatcher(nil, 3)
+	if w.queue != nil {
+		t.Fatal("an idle watcher allocated a queue")
+	}
+	batch := func(seq uint64) []*registrarv1.EndpointEvent {
+		return []*registrarv1.EndpointEvent{{Sequence: seq}}
+	}
+	for i := uint64(1); i <= 3; i++ {
+		if !w.offer(batch(i)) {
+			t.Fatalf("offer %d refused below the limit", i)
+		}
+	}
+	if w.offer(batch(4)) {
+		t.Fatal("offer beyond the limit accepted")
+	}
+	if len(w.ready) != 1 {
+		t.Fatalf("%d tokens, want 1", len(w.ready))
+	}
+	for i := uint64(1); i <= 3; i++ {
+		b, ok := w.next()
+		if !ok || b[0].Sequence != i {
+			t.Fatalf("next %d: %v %v", i, b, ok)
+		}
+	}
+	if _, ok := w.next(); ok || w.queue != nil {
+		t.Fatalf("drained queue: ok %v, queue %v", ok, w.queue)
+	}
+	if !w.offer(batch(5)) {
+		t.Fatal("offer refused after draining")
 	}
 }
