@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
@@ -56,7 +54,7 @@ func TestGuaranteeClientViewUnderFaults(t *testing.T) {
 	for _, c := range clients {
 		waitSynced(t, c)
 	}
-	var acks gAcks
+	var acks watchcheck.AckLog
 	churnAll(t, rc, 0, 2, 40, &acks)
 
 	// A connection cut inside the retention window: the clients resume.
@@ -127,7 +125,7 @@ func TestGuaranteeClientViewUnderFaults(t *testing.T) {
 	h1, vs := watchcheck.HistoryFrom(ref1)
 	h2, vs2 := watchcheck.HistoryFrom(ref2)
 	vs = append(vs, vs2...)
-	for _, a := range acks.all() {
+	for _, a := range acks.All() {
 		if e, _, _ := watchcheck.ParseVersion(a.Version); e == h1.Epoch {
 			h1.Acks = append(h1.Acks, a)
 		} else {
@@ -228,81 +226,18 @@ func flush(t *testing.T, c *Client) {
 	}
 }
 
-// gAcks collects acknowledged writes; safe for concurrent use.
-type gAcks struct {
-	mu   sync.Mutex
-	acks []watchcheck.Ack
-}
-
-func (a *gAcks) add(op watchcheck.Op, e *registryv1.ServiceEndpoint, v string) {
-	a.mu.Lock()
-	a.acks = append(a.acks, watchcheck.Ack{Op: op, Endpoint: e, Version: v})
-	a.mu.Unlock()
-}
-
-func (a *gAcks) all() []watchcheck.Ack {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return slices.Clone(a.acks)
-}
-
 // churnAll runs writers first..first+writers-1 concurrently, each
 // registering, updating and unregistering n endpoints of its own across
 // web, db, cache and auth, straight through the registrar's API.
-func churnAll(t *testing.T, c registrarv1.RegistrarClient, first, writers, n int, acks *gAcks) {
+func churnAll(t *testing.T, c registrarv1.RegistrarClient, first, writers, n int, acks *watchcheck.AckLog) {
 	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := first; w < first+writers; w++ {
-		wg.Go(func() {
-			if err := churnOne(c, w, n, acks); err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	ws := watchcheck.Writers{Region: "r1", Cluster: "c1", Services: []string{"web", "db", "cache", "auth"},
+		New: func(_ int, svc, ip string) *registryv1.ServiceEndpoint {
+			e := ep(svc, ip, 80)
+			e.Node = "" // static: no node, never swept
+			return e
+		}}
+	if err := ws.Run(c, first, writers, n, acks); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func churnOne(c registrarv1.RegistrarClient, w, n int, acks *gAcks) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	services := []string{"web", "db", "cache", "auth"}
-	var live []*registryv1.ServiceEndpoint
-	for i := 0; i < n; i++ {
-		switch {
-		case i%5 == 3 && len(live) > 0:
-			e := proto.Clone(live[len(live)-1]).(*registryv1.ServiceEndpoint)
-			e.Metadata = map[string]string{"rev": fmt.Sprint(i)}
-			resp, err := c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: e})
-			if err != nil {
-				return fmt.Errorf("writer %d update: %w", w, err)
-			}
-			live[len(live)-1] = e
-			acks.add(watchcheck.OpRegister, resp.Endpoint, resp.Version)
-		case i%5 == 4 && len(live) > 0:
-			e := live[0]
-			live = live[1:]
-			resp, err := c.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{Service: e.Service, Protocol: e.Protocol, Ip: e.Ip})
-			if err != nil {
-				return fmt.Errorf("writer %d unregister: %w", w, err)
-			}
-			gone := proto.Clone(e).(*registryv1.ServiceEndpoint)
-			gone.Region, gone.Cluster = "r1", "c1"
-			acks.add(watchcheck.OpUnregister, gone, resp.Version)
-		default:
-			e := ep(services[(i+w)%len(services)], fmt.Sprintf("10.%d.%d.%d", 100+w, i/250, i%250+1), 80)
-			e.Node = "" // static: no node, never swept
-			resp, err := c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: e})
-			if err != nil {
-				return fmt.Errorf("writer %d register: %w", w, err)
-			}
-			live = append(live, e)
-			acks.add(watchcheck.OpRegister, resp.Endpoint, resp.Version)
-		}
-	}
-	return nil
 }

@@ -44,33 +44,11 @@ func TestGuaranteeBackstopListingBesideTheWatch(t *testing.T) {
 	foreignTxn(t, cli, batch...)
 	runWriters(t, ca, 4, 2, 100, "", &acks)
 
-	list := func(c registrarv1.RegistrarClient) map[string]bool {
-		l, err := c.ListAllEndpoints(context.Background(), &registrarv1.ListAllEndpointsRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]bool{}
-		for _, e := range l.Endpoints {
-			m[e.Cluster+"/"+e.Service+"/"+e.Ip+"/"+e.State.String()+"/"+e.Metadata["rev"]] = true
-		}
-		return m
-	}
-	waitFor(t, "B converges on A's state", 20*time.Second, func() bool {
-		x, y := list(ca), list(cb)
-		if len(x) != len(y) {
-			return false
-		}
-		for k := range x {
-			if !y[k] {
-				return false
-			}
-		}
-		return true
-	})
+	waitSameListing(t, "B converges on A's state", ca, cb)
 	if n := metricValue(t, b.HTTPAddr(), "registrar_sync_duration_seconds_count") - listsBefore; n < 3 {
 		t.Fatalf("B listed the backend %v times during the writes; the test needs the backstop running", n)
 	}
-	hA := checkGuarantees(t, ca, refA, acks.all(), nil)
+	hA := checkGuarantees(t, ca, refA, acks.All(), nil)
 	hB := checkGuarantees(t, cb, refB, nil, []batchSpec{{after: baseB, eps: batch}}, onB...)
 	alive(t, onB...)
 

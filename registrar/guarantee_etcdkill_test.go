@@ -2,7 +2,6 @@ package registrar_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -73,27 +72,8 @@ func testEtcdMemberKilled(t *testing.T, onlyKill bool) {
 
 	// Kill the member while writers are busy, and keep writing
 	// while it is down; another cluster writes atomically meanwhile.
-	stop := make(chan struct{})
-	errs := make(chan error, 3)
-	var wg sync.WaitGroup
-	for w := 3; w < 6; w++ {
-		wg.Go(func() {
-			// Rounds of fresh endpoints: writer ids w, w+3, ...,
-			// below the last writers' 150 and 151.
-			for id := w; id < 150; id += 3 {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if err := churn(c, id, 20, "", &acks); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	waitFor(t, "writes under way", 10*time.Second, func() bool { return len(acks.all()) >= 250 })
+	stopWriters := backgroundWriters(c, 3, 3, &acks)
+	waitFor(t, "writes under way", 10*time.Second, func() bool { return len(acks.All()) >= 250 })
 	pxs[victim].Cut()
 	cl.Kill(victim)
 	killedAt := time.Now()
@@ -103,8 +83,8 @@ func testEtcdMemberKilled(t *testing.T, onlyKill bool) {
 	base, _ := ref.Covered()
 	batch := []*registryv1.ServiceEndpoint{foreignEP("web", "10.9.3.1"), foreignEP("db", "10.9.3.2"), foreignEP("auth", "10.9.3.3")}
 	foreignTxn(t, cli, batch...)
-	during := len(acks.all())
-	waitFor(t, "writes acknowledged while the member is down", 10*time.Second, func() bool { return len(acks.all()) >= during+150 })
+	during := len(acks.All())
+	waitFor(t, "writes acknowledged while the member is down", 10*time.Second, func() bool { return len(acks.All()) >= during+150 })
 	if onlyKill {
 		// Nothing can be persisted without the member.
 		if n := s.Registrar().PendingWrites(); n == 0 {
@@ -113,12 +93,10 @@ func testEtcdMemberKilled(t *testing.T, onlyKill bool) {
 	} else {
 		waitFor(t, "the other cluster's write seen through the survivors", 15*time.Second, func() bool { return lists(t, c, "10.9.3.3") })
 	}
-	close(stop)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := stopWriters(); err != nil {
 		t.Fatalf("a write failed while an etcd member was down: %v", err)
 	}
+
 	late := guarded(t, dial(t, s.GRPCAddr()), "late-web+db", &registrarv1.WatchEndpointsRequest{Services: []string{"web", "db"}})
 
 	cl.Restart(t, victim)
@@ -128,7 +106,7 @@ func testEtcdMemberKilled(t *testing.T, onlyKill bool) {
 	waitFor(t, "the other cluster's write seen", 20*time.Second, func() bool { return lists(t, c, "10.9.3.3") })
 	runWriters(t, c, 150, 2, 40, "", &acks)
 
-	h := checkGuarantees(t, c, ref, acks.all(), []batchSpec{{after: base, eps: batch}}, append(streams, late)...)
+	h := checkGuarantees(t, c, ref, acks.All(), []batchSpec{{after: base, eps: batch}}, append(streams, late)...)
 	alive(t, append(streams, late)...)
 	waitFor(t, "the last writes persisted", 10*time.Second, func() bool { return s.Registrar().PendingWrites() == 0 })
 	if d := etcdDiff(t, etcdtest.NewClient(t, cl.Endpoints()...), h.Final); d != "" {

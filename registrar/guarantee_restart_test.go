@@ -67,7 +67,7 @@ func testRestart(t *testing.T, backend func(*registrar.Options)) {
 	wc := dial(t, addr)
 	var wg sync.WaitGroup
 	errs := make(chan error, 2)
-	before := len(acks.all())
+	before := len(acks.All())
 	for w := 3; w < 5; w++ {
 		wg.Go(func() {
 			// Until the registrar refuses: a refused write was never
@@ -78,7 +78,7 @@ func testRestart(t *testing.T, backend func(*registrar.Options)) {
 			}
 		})
 	}
-	waitFor(t, "writes during the run-up to the restart", 10*time.Second, func() bool { return len(acks.all()) >= before+100 })
+	waitFor(t, "writes during the run-up to the restart", 10*time.Second, func() bool { return len(acks.All()) >= before+100 })
 	closeServer(t, s1)
 	wg.Wait()
 	close(errs)
@@ -109,7 +109,7 @@ func testRestart(t *testing.T, backend func(*registrar.Options)) {
 
 	var acks1, acks2 []watchcheck.Ack
 	h1, vs := watchcheck.HistoryFrom(ref1)
-	for _, a := range acks.all() {
+	for _, a := range acks.All() {
 		if e, _, _ := watchcheck.ParseVersion(a.Version); e == h1.Epoch {
 			acks1 = append(acks1, a)
 		} else {

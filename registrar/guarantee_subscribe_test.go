@@ -2,7 +2,6 @@ package registrar_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -60,28 +59,11 @@ func TestGuaranteeSubscribeServiceChanges(t *testing.T) {
 	}
 
 	// Writers run throughout; the updates land between their writes.
-	stop := make(chan struct{})
-	errs := make(chan error, 2)
-	var wg sync.WaitGroup
-	for w := 2; w < 4; w++ {
-		wg.Go(func() {
-			for id := w; id < 150; id += 2 {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if err := churn(c, id, 20, "", &acks); err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
+	stopWriters := backgroundWriters(c, 2, 2, &acks)
 	more := func(n int) {
 		t.Helper()
-		at := len(acks.all())
-		waitFor(t, "more writes", 10*time.Second, func() bool { return len(acks.all()) >= at+n })
+		at := len(acks.All())
+		waitFor(t, "more writes", 10*time.Second, func() bool { return len(acks.All()) >= at+n })
 	}
 	more(30)
 	update(grow, []string{"db", "cache"}, nil)
@@ -105,12 +87,10 @@ func TestGuaranteeSubscribeServiceChanges(t *testing.T) {
 	resumed.ExpectResume = true
 	update(resumed, []string{"auth"}, nil)
 	more(30)
-	close(stop)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := stopWriters(); err != nil {
 		t.Fatal(err)
 	}
+
 	// An atomic write of another cluster across services: a services
 	// snapshot never splits it.
 	base, _ := ref.Covered()
@@ -120,7 +100,7 @@ func TestGuaranteeSubscribeServiceChanges(t *testing.T) {
 	runWriters(t, c, 150, 2, 20, "", &acks)
 
 	streams := []*watchcheck.Recorder{grow, toggle, cut, resumed}
-	h := checkGuarantees(t, c, ref, acks.all(), []batchSpec{{after: base, eps: batch}}, streams...)
+	h := checkGuarantees(t, c, ref, acks.All(), []batchSpec{{after: base, eps: batch}}, streams...)
 	alive(t, grow, toggle, resumed)
 
 	snaps := map[string]int{}

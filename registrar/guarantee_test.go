@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -30,89 +29,69 @@ import (
 
 var guaranteeServices = []string{"web", "db", "cache", "auth"}
 
-// ackLog collects the writers' acknowledged writes; safe for concurrent use.
-type ackLog struct {
-	mu   sync.Mutex
-	acks []watchcheck.Ack
-}
+// ackLog collects the writers' acknowledged writes.
+type ackLog = watchcheck.AckLog
 
-func (a *ackLog) add(op watchcheck.Op, e *registryv1.ServiceEndpoint, v string) {
-	a.mu.Lock()
-	a.acks = append(a.acks, watchcheck.Ack{Op: op, Endpoint: e, Version: v})
-	a.mu.Unlock()
-}
-
-func (a *ackLog) all() []watchcheck.Ack {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]watchcheck.Ack(nil), a.acks...)
-}
-
-// churn registers, updates and unregisters n endpoints of its own (so
-// concurrent writers never collide) across services, acknowledging each
-// write in acks. meta, if set, pads each of four metadata values.
-func churn(c registrarv1.RegistrarClient, writer, n int, meta string, acks *ackLog) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var live []*registryv1.ServiceEndpoint
-	for i := 0; i < n; i++ {
-		switch {
-		case i%5 == 3 && len(live) > 0:
-			e := proto.Clone(live[len(live)-1]).(*registryv1.ServiceEndpoint)
-			e.Metadata["rev"] = fmt.Sprint(i)
-			resp, err := c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: e})
-			if err != nil {
-				return fmt.Errorf("writer %d update: %w", writer, err)
-			}
-			live[len(live)-1] = e
-			acks.add(watchcheck.OpRegister, resp.Endpoint, resp.Version)
-		case i%5 == 4 && len(live) > 0:
-			e := live[0]
-			live = live[1:]
-			resp, err := c.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{Service: e.Service, Protocol: e.Protocol, Ip: e.Ip})
-			if err != nil {
-				return fmt.Errorf("writer %d unregister: %w", writer, err)
-			}
-			id := proto.Clone(e).(*registryv1.ServiceEndpoint)
-			id.Region, id.Cluster = "r1", "c1"
-			acks.add(watchcheck.OpUnregister, id, resp.Version)
-		default:
-			e := ep(guaranteeServices[(i+writer)%len(guaranteeServices)], fmt.Sprintf("10.%d.%d.%d", 100+writer, i/250, i%250+1), 80)
-			e.Metadata = map[string]string{"w": fmt.Sprint(writer)}
+// guaranteeWriters churn over guaranteeServices; meta, if set, pads each
+// of four metadata values of every registration.
+func guaranteeWriters(meta string) watchcheck.Writers {
+	return watchcheck.Writers{Region: "r1", Cluster: "c1", Services: guaranteeServices,
+		New: func(w int, svc, ip string) *registryv1.ServiceEndpoint {
+			e := ep(svc, ip, 80)
+			e.Metadata = map[string]string{"w": fmt.Sprint(w)}
 			if meta != "" {
 				for _, k := range []string{"a", "b", "c", "d"} {
 					e.Metadata[k] = meta
 				}
 			}
-			resp, err := c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: e})
-			if err != nil {
-				return fmt.Errorf("writer %d register: %w", writer, err)
-			}
-			live = append(live, e)
-			acks.add(watchcheck.OpRegister, resp.Endpoint, resp.Version)
-		}
-	}
-	return nil
+			return e
+		}}
 }
 
-// runWriters runs writers concurrent churners of n writes each and waits.
+// churn runs one writer for n writes (at most 30 s).
+func churn(c registrarv1.RegistrarClient, writer, n int, meta string, acks *ackLog) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return guaranteeWriters(meta).Churn(ctx, c, writer, n, acks)
+}
+
+// runWriters runs writers first..first+writers-1 concurrently, n writes
+// each, and waits.
 func runWriters(t *testing.T, c registrarv1.RegistrarClient, first, writers, n int, meta string, acks *ackLog) {
 	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := first; w < first+writers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := churn(c, w, n, meta, acks); err != nil {
-				errs <- err
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := guaranteeWriters(meta).Run(c, first, writers, n, acks); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// backgroundWriters runs writers first..first+count-1 until the returned
+// stop is called: rounds of 20 writes, writer w taking ids w, w+count, ...
+// below 150 (fresh endpoints each round). stop waits for them and returns
+// the first write that failed.
+func backgroundWriters(c registrarv1.RegistrarClient, first, count int, acks *ackLog) (stop func() error) {
+	done := make(chan struct{})
+	errs := make(chan error, count)
+	var wg sync.WaitGroup
+	for w := first; w < first+count; w++ {
+		wg.Go(func() {
+			for id := w; id < 150; id += count {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if err := churn(c, id, 20, "", acks); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	return func() error {
+		close(done)
+		wg.Wait()
+		close(errs)
+		return <-errs
 	}
 }
 
@@ -306,7 +285,7 @@ func TestGuaranteeSlowConsumerEvictedAndResumed(t *testing.T) {
 	resumed := guarded(t, c, "slow-resumed", &registrarv1.WatchEndpointsRequest{Services: slow.Services, LastVersion: slow.LastToken()})
 	resumed.ExpectResume = true
 	streams = append(streams, slow, resumed)
-	checkGuarantees(t, c, ref, acks.all(), nil, streams...)
+	checkGuarantees(t, c, ref, acks.All(), nil, streams...)
 	alive(t, append(streams[:4:4], resumed)...)
 	if n := len(slow.Messages()); n > 1500 {
 		t.Fatalf("slow stream got %d messages before eviction; it was not slow", n)
@@ -355,7 +334,7 @@ func TestGuaranteeClientConnectionCutAndResume(t *testing.T) {
 	runWriters(t, c, 6, 2, 50, "", &acks)
 
 	all := append(append(append(direct, cut...), resumed...), late)
-	checkGuarantees(t, c, ref, acks.all(), []batchSpec{{after: base, eps: batch}}, all...)
+	checkGuarantees(t, c, ref, acks.All(), []batchSpec{{after: base, eps: batch}}, all...)
 	alive(t, append(append(direct, resumed...), late)...)
 }
 
@@ -425,7 +404,7 @@ func TestGuaranteeCompactionWhileWatchBroken(t *testing.T) {
 	})
 	waitFor(t, "queued writes persisted", 20*time.Second, func() bool { return s.Registrar().PendingWrites() == 0 })
 	runWriters(t, c, 4, 2, 30, "", &acks)
-	checkGuarantees(t, c, ref, acks.all(), nil, streams...)
+	checkGuarantees(t, c, ref, acks.All(), nil, streams...)
 	alive(t, streams...)
 }
 
@@ -448,19 +427,33 @@ func TestGuaranteeCrossReplica(t *testing.T) {
 
 	// A's writes reach B through etcd (write-behind, then B's watch): wait
 	// for B to list exactly what A lists.
-	want := func(c registrarv1.RegistrarClient) map[string]bool {
+	waitSameListing(t, "B converges on A's state", ca, cb)
+	hA := checkGuarantees(t, ca, refA, acks.All(), nil, onA...)
+	// B's own sequence is authoritative for B; A's acks carry A's epoch.
+	hB := checkGuarantees(t, cb, refB, nil, []batchSpec{{after: baseB, eps: batch}}, append(onB, lateB)...)
+	alive(t, append(append(onA, onB...), lateB)...)
+	if hA.Epoch == hB.Epoch {
+		t.Fatalf("replicas share epoch %s", hA.Epoch)
+	}
+}
+
+// waitSameListing waits until two registrars list the same endpoints, in
+// the same states, with the same writes' "rev" metadata.
+func waitSameListing(t *testing.T, what string, a, b registrarv1.RegistrarClient) {
+	t.Helper()
+	keys := func(c registrarv1.RegistrarClient) map[string]bool {
 		l, err := c.ListAllEndpoints(context.Background(), &registrarv1.ListAllEndpointsRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		m := map[string]bool{}
 		for _, e := range l.Endpoints {
-			m[e.Cluster+"/"+e.Service+"/"+e.Ip+"/"+e.Metadata["rev"]] = true
+			m[e.Cluster+"/"+e.Service+"/"+e.Ip+"/"+e.State.String()+"/"+e.Metadata["rev"]] = true
 		}
 		return m
 	}
-	waitFor(t, "B converges on A's state", 20*time.Second, func() bool {
-		x, y := want(ca), want(cb)
+	waitFor(t, what, 20*time.Second, func() bool {
+		x, y := keys(a), keys(b)
 		if len(x) != len(y) {
 			return false
 		}
@@ -471,11 +464,4 @@ func TestGuaranteeCrossReplica(t *testing.T) {
 		}
 		return true
 	})
-	hA := checkGuarantees(t, ca, refA, acks.all(), nil, onA...)
-	// B's own sequence is authoritative for B; A's acks carry A's epoch.
-	hB := checkGuarantees(t, cb, refB, nil, []batchSpec{{after: baseB, eps: batch}}, append(onB, lateB)...)
-	alive(t, append(append(onA, onB...), lateB)...)
-	if hA.Epoch == hB.Epoch {
-		t.Fatalf("replicas share epoch %s", hA.Epoch)
-	}
 }

@@ -225,10 +225,18 @@ func countKeys(t testing.TB, cli *clientv3.Client) int64 {
 	return resp.Count
 }
 
-// metricValue scrapes one unlabelled sample from the registrar's /metrics.
+// metricValue scrapes one unlabelled sample from the registrar's /metrics
+// (0 if it is not there yet).
 func metricValue(t testing.TB, httpAddr, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	v, _ := scrapeMetric(t, "http://"+httpAddr+"/metrics", name)
+	return v
+}
+
+// scrapeMetric reads one unlabelled sample from a Prometheus text page.
+func scrapeMetric(t testing.TB, url, name string) (float64, bool) {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,10 +248,10 @@ func metricValue(t testing.TB, httpAddr, name string) float64 {
 			if err != nil {
 				t.Fatalf("metric %s: %v", name, err)
 			}
-			return v
+			return v, true
 		}
 	}
-	return 0
+	return 0, false
 }
 
 func TestWritePathReachesWatcherAndSchemaKey(t *testing.T) {

@@ -3,9 +3,6 @@ package registrar_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -38,23 +35,11 @@ func TestSyncModeValidate(t *testing.T) {
 func etcdWatchers(t testing.TB, etcd *etcdtest.Cluster) float64 {
 	t.Helper()
 	const name = "etcd_debugging_mvcc_watcher_total"
-	resp, err := http.Get(etcd.Endpoints()[0] + "/metrics")
-	if err != nil {
-		t.Fatal(err)
+	v, ok := scrapeMetric(t, etcd.Endpoints()[0]+"/metrics", name)
+	if !ok {
+		t.Fatalf("etcd's /metrics has no %s", name)
 	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if rest, ok := strings.CutPrefix(line, name+" "); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			if err != nil {
-				t.Fatalf("metric %s: %v", name, err)
-			}
-			return v
-		}
-	}
-	t.Fatalf("etcd's /metrics has no %s", name)
-	return 0
+	return v
 }
 
 // With --sync-mode poll a replica opens no etcd watch: another replica's

@@ -67,7 +67,7 @@ func TestGuaranteePeerViewUnderReplicatorFaults(t *testing.T) {
 	waitSynced(t, r1, 15*time.Second)
 	r2 := runReplicator(t, "a-2", etcdtest.NewClient(t, ea.Endpoints()...), eb, leaseTTL, sessionTTL)
 
-	var acks ackLog
+	var acks watchcheck.AckLog
 	writeAll(t, ca, 0, 2, 40, &acks)
 	touch(t, ra, ca, 1, &acks)
 
@@ -125,7 +125,7 @@ func TestGuaranteePeerViewUnderReplicatorFaults(t *testing.T) {
 	lb := listAll(t, cb)
 
 	hA := historyUpTo(t, refA, la)
-	hA.Acks = acks.all()
+	hA.Acks = acks.All()
 	hB := historyUpTo(t, refB, lb, onB...)
 	vs := watchcheck.Check(hA)
 	vs = append(vs, watchcheck.Check(hB, onB...)...)
@@ -353,39 +353,17 @@ type mvccKV struct {
 	lease clientv3.LeaseID
 }
 
-// ackLog collects acknowledged writes; safe for concurrent use.
-type ackLog struct {
-	mu   sync.Mutex
-	acks []watchcheck.Ack
-}
-
-func (a *ackLog) add(op watchcheck.Op, e *registryv1.ServiceEndpoint, v string) {
-	a.mu.Lock()
-	a.acks = append(a.acks, watchcheck.Ack{Op: op, Endpoint: e, Version: v})
-	a.mu.Unlock()
-}
-
-func (a *ackLog) all() []watchcheck.Ack {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return slices.Clone(a.acks)
-}
-
-// writeAll runs writers first..first+writers-1 concurrently and waits.
-func writeAll(t *testing.T, c registrarv1.RegistrarClient, first, writers, n int, acks *ackLog) {
+// writeAll runs writers first..first+writers-1 concurrently through region
+// a's registrar, each registering, updating and unregistering n endpoints
+// of its own, and waits.
+func writeAll(t *testing.T, c registrarv1.RegistrarClient, first, writers, n int, acks *watchcheck.AckLog) {
 	t.Helper()
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := first; w < first+writers; w++ {
-		wg.Go(func() {
-			if err := churn(c, w, n, acks); err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	ws := watchcheck.Writers{Region: "a", Cluster: "c1", Services: []string{"web", "db", "cache", "auth"},
+		New: func(_ int, svc, ip string) *registryv1.ServiceEndpoint {
+			return &registryv1.ServiceEndpoint{Service: svc, Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: ip,
+				Ports: []*registryv1.Port{{Name: "http", Port: 80}}, Zone: "z1"}
+		}}
+	if err := ws.Run(c, first, writers, n, acks); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -394,7 +372,7 @@ func writeAll(t *testing.T, c registrarv1.RegistrarClient, first, writers, n int
 // persisted endpoint of web and db (generation gen), so that b sees updates
 // too: a quick update of a new endpoint is folded into its registration
 // before it is persisted.
-func touch(t *testing.T, s *registrar.Server, c registrarv1.RegistrarClient, gen int, acks *ackLog) {
+func touch(t *testing.T, s *registrar.Server, c registrarv1.RegistrarClient, gen int, acks *watchcheck.AckLog) {
 	t.Helper()
 	wait.For(t, "a's writes persisted", 10*time.Second, func() bool { return s.Registrar().PendingWrites() == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -409,51 +387,6 @@ func touch(t *testing.T, s *registrar.Server, c registrarv1.RegistrarClient, gen
 		if err != nil {
 			t.Fatal(err)
 		}
-		acks.add(watchcheck.OpRegister, resp.Endpoint, resp.Version)
+		acks.Add(watchcheck.OpRegister, resp.Endpoint, resp.Version)
 	}
-}
-
-// churn registers, updates and unregisters n endpoints of writer w's own
-// across services, through region a's registrar, acknowledging each write.
-func churn(c registrarv1.RegistrarClient, w, n int, acks *ackLog) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	services := []string{"web", "db", "cache", "auth"}
-	var live []*registryv1.ServiceEndpoint
-	for i := 0; i < n; i++ {
-		switch {
-		case i%5 == 3 && len(live) > 0:
-			e := proto.Clone(live[len(live)-1]).(*registryv1.ServiceEndpoint)
-			e.Metadata = map[string]string{"rev": fmt.Sprint(i)}
-			resp, err := c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: e})
-			if err != nil {
-				return fmt.Errorf("writer %d update: %w", w, err)
-			}
-			live[len(live)-1] = e
-			acks.add(watchcheck.OpRegister, resp.Endpoint, resp.Version)
-		case i%5 == 4 && len(live) > 0:
-			e := live[0]
-			live = live[1:]
-			resp, err := c.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{Service: e.Service, Protocol: e.Protocol, Ip: e.Ip})
-			if err != nil {
-				return fmt.Errorf("writer %d unregister: %w", w, err)
-			}
-			gone := proto.Clone(e).(*registryv1.ServiceEndpoint)
-			gone.Region, gone.Cluster = "a", "c1"
-			acks.add(watchcheck.OpUnregister, gone, resp.Version)
-		default:
-			e := &registryv1.ServiceEndpoint{
-				Service: services[(i+w)%len(services)], Protocol: registryv1.Protocol_PROTOCOL_HTTP1,
-				Ip:    fmt.Sprintf("10.%d.%d.%d", 100+w, i/250, i%250+1),
-				Ports: []*registryv1.Port{{Name: "http", Port: 80}}, Zone: "z1",
-			}
-			resp, err := c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: e})
-			if err != nil {
-				return fmt.Errorf("writer %d register: %w", w, err)
-			}
-			live = append(live, e)
-			acks.add(watchcheck.OpRegister, resp.Endpoint, resp.Version)
-		}
-	}
-	return nil
 }

@@ -316,15 +316,20 @@ func (h *History) Validate() []Violation {
 	return vs
 }
 
-// diff describes how got differs from want.
-func diff(want, got state) []string {
+// diff describes how got differs from want, values compared exactly.
+func diff(want, got state) []string { return diffBy(want, got, eqProto) }
+
+func eqProto(a, b *registryv1.ServiceEndpoint) bool { return proto.Equal(a, b) }
+
+// diffBy describes how got differs from want, values compared by eq.
+func diffBy(want, got state, eq func(a, b *registryv1.ServiceEndpoint) bool) []string {
 	var out []string
 	for k, w := range want {
 		g, ok := got[k]
 		switch {
 		case !ok:
 			out = append(out, "missing "+k)
-		case !proto.Equal(w, g):
+		case !eq(w, g):
 			out = append(out, "different value of "+k)
 		}
 	}

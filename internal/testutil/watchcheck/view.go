@@ -2,7 +2,6 @@ package watchcheck
 
 import (
 	"fmt"
-	"sort"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -218,22 +217,4 @@ func CheckView(hs []History, v View) []Violation {
 }
 
 // sameDiff is diff by attributes.
-func sameDiff(want, got state) []string {
-	var out []string
-	for k, w := range want {
-		g, ok := got[k]
-		switch {
-		case !ok:
-			out = append(out, "missing "+k)
-		case !registry.SameAttributes(w, g):
-			out = append(out, "different value of "+k)
-		}
-	}
-	for k := range got {
-		if _, ok := want[k]; !ok {
-			out = append(out, "unexpected "+k)
-		}
-	}
-	sort.Strings(out)
-	return out
-}
+func sameDiff(want, got state) []string { return diffBy(want, got, registry.SameAttributes) }
