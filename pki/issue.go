@@ -20,33 +20,21 @@ import (
 	"github.com/aethermesh/aether/registry"
 )
 
-// Kind is the kind of certificate Issue makes.
-type Kind int
+// Kind is the kind of certificate Issue makes: the kind of identity
+// authz will find in it.
+//   - Node: URI SAN spiffe://<td>/node/<name>; client and server auth.
+//   - Operator: URI SAN spiffe://<td>/operator/<name>; client auth.
+//   - Server: DNS and IP SANs for its hosts plus URI SAN
+//     spiffe://<td>/server/<first host>; server and client auth (so a
+//     registrar can also be a client of etcd and of other registrars).
+type Kind = authz.Kind
 
+// The kinds Issue makes.
 const (
-	// Node: URI SAN spiffe://<td>/node/<name>; client and server auth.
-	Node Kind = iota + 1
-	// Operator: URI SAN spiffe://<td>/operator/<name>; client auth.
-	Operator
-	// Server: DNS and IP SANs for its hosts plus URI SAN
-	// spiffe://<td>/server/<first host>; server and client auth (so a
-	// registrar can also be a client of etcd and of other registrars).
-	Server
+	Node     = authz.Node
+	Operator = authz.Operator
+	Server   = authz.Server
 )
-
-// String returns "node", "operator" or "server": the file name prefix.
-func (k Kind) String() string {
-	switch k {
-	case Node:
-		return "node"
-	case Operator:
-		return "operator"
-	case Server:
-		return "server"
-	default:
-		return fmt.Sprintf("Kind(%d)", int(k))
-	}
-}
 
 // DefaultValidity is how long a certificate made by Issue is valid, unless
 // WithValidity says otherwise. It never outlives the CA.
