@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -15,12 +13,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
@@ -29,7 +26,10 @@ import (
 // waitFor waits for a condition; see package wait.
 var waitFor = wait.For
 
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+var (
+	quietLogger = regtest.QuietLogger
+	freeAddr    = regtest.FreeAddr
+)
 
 // testLogger sends the client's logs to t.Log: shown for failing tests only.
 func testLogger(t testing.TB) *slog.Logger {
@@ -41,18 +41,6 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
-}
-
-// freeAddr picks a loopback address for a registrar that must come back on
-// the same address after a restart.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // testRegistrar is a real registrar process on etcd; stop is idempotent and
@@ -107,15 +95,7 @@ func startRegistrar(t testing.TB, etcd *etcdtest.Cluster, addr string) *testRegi
 	return r
 }
 
-func dial(t testing.TB, addr string) registrarv1.RegistrarClient {
-	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return registrarv1.NewRegistrarClient(cc)
-}
+func dial(t testing.TB, addr string) registrarv1.RegistrarClient { return regtest.Dial(t, addr) }
 
 func ep(svc, ip string, port uint32) *registryv1.ServiceEndpoint {
 	return &registryv1.ServiceEndpoint{

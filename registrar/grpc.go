@@ -81,11 +81,17 @@ func (s *service) ListAllEndpoints(ctx context.Context, req *registrarv1.ListAll
 	return &registrarv1.ListAllEndpointsResponse{Endpoints: eps, Version: v}, nil
 }
 
-func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream grpc.ServerStreamingServer[registrarv1.EndpointEvent]) error {
-	if err := s.g.read(stream.Context(), "WatchEndpoints"); err != nil {
-		return err
+// openStream admits a new watch stream: the caller may read, and is under
+// its limit of open streams. release must be called when the stream ends.
+func (s *service) openStream(ctx context.Context, method string) (release func(), err error) {
+	if err := s.g.read(ctx, method); err != nil {
+		return nil, err
 	}
-	release, err := s.streams.acquire(stream.Context(), s.g, "WatchEndpoints")
+	return s.streams.acquire(ctx, s.g, method)
+}
+
+func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream grpc.ServerStreamingServer[registrarv1.EndpointEvent]) error {
+	release, err := s.openStream(stream.Context(), "WatchEndpoints")
 	if err != nil {
 		return err
 	}
@@ -117,10 +123,7 @@ func (s *service) DrainEndpoint(ctx context.Context, req *registrarv1.DrainEndpo
 }
 
 func (s *service) Subscribe(stream grpc.BidiStreamingServer[registrarv1.SubscribeRequest, registrarv1.EndpointEvent]) error {
-	if err := s.g.read(stream.Context(), "Subscribe"); err != nil {
-		return err
-	}
-	release, err := s.streams.acquire(stream.Context(), s.g, "Subscribe")
+	release, err := s.openStream(stream.Context(), "Subscribe")
 	if err != nil {
 		return err
 	}

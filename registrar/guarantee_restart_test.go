@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"syscall"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/watchcheck"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
@@ -54,7 +54,7 @@ func TestGuaranteeRegistrarRestart(t *testing.T) {
 }
 
 func testRestart(t *testing.T, backend func(*registrar.Options)) {
-	addr := freeLoopbackAddr(t)
+	addr := regtest.FreeAddr(t)
 	s1 := startAt(t, addr, backend)
 	c := dial(t, addr) // one connection across the restart, as a client has
 	ref1 := reference(t, c)
@@ -259,16 +259,4 @@ func closeServer(t *testing.T, s *registrar.Server) {
 	if err := s.Close(ctx); err != nil {
 		t.Errorf("closing the registrar at %s: %v", s.GRPCAddr(), err)
 	}
-}
-
-// freeLoopbackAddr is a loopback address that was free a moment ago, for a
-// registrar that must come back at the same address.
-func freeLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

@@ -115,12 +115,7 @@ func tlsClient(t *testing.T, addr, caFile string, m *mesh, who string) registrar
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return registrarv1.NewRegistrarClient(cc)
+	return dial(t, addr, grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 }
 
 func callCtx(t *testing.T) context.Context {

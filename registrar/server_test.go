@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,12 +12,11 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
@@ -27,43 +25,18 @@ import (
 // waitFor waits for a condition; see package wait.
 var waitFor = wait.For
 
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+var (
+	quietLogger = regtest.QuietLogger
+	dial        = regtest.Dial
+)
 
 func startRegistrar(t testing.TB, endpoints []string, mut ...func(*registrar.Options)) *registrar.Server {
 	t.Helper()
-	o := registrar.Options{
-		EtcdEndpoints: endpoints,
-		GRPCAddr:      "127.0.0.1:0",
-		HTTPAddr:      "127.0.0.1:0",
-		ClusterName:   "c1",
-		Region:        "r1",
-		Logger:        quietLogger(),
-	}
+	o := registrar.Options{EtcdEndpoints: endpoints, ClusterName: "c1", Region: "r1"}
 	for _, m := range mut {
 		m(&o)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	s, err := registrar.Start(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = s.Close(ctx)
-	})
-	return s
-}
-
-func dial(t testing.TB, addr string, opts ...grpc.DialOption) registrarv1.RegistrarClient {
-	t.Helper()
-	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return registrarv1.NewRegistrarClient(cc)
+	return regtest.Start(t, o)
 }
 
 func ep(svc, ip string, port uint32) *registryv1.ServiceEndpoint {

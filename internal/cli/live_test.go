@@ -5,8 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -15,12 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
@@ -56,7 +52,7 @@ func startRegistrar(t *testing.T, etcd *etcdtest.Cluster, mut ...func(*registrar
 		HTTPAddr:      "127.0.0.1:0",
 		ClusterName:   testCluster,
 		Region:        testRegion,
-		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Logger:        regtest.QuietLogger(),
 	}
 	for _, m := range mut {
 		m(&o)
@@ -69,12 +65,7 @@ func startRegistrar(t *testing.T, etcd *etcdtest.Cluster, mut ...func(*registrar
 	}
 	r := &liveRegistrar{srv: srv}
 	t.Cleanup(r.close)
-	cc, err := grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	r.c = registrarv1.NewRegistrarClient(cc)
+	r.c = regtest.Dial(t, srv.GRPCAddr())
 	return r
 }
 

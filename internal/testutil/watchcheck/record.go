@@ -158,17 +158,22 @@ func Watch(ctx context.Context, c registrarv1.RegistrarClient, name string, req 
 	}
 	r := NewRecorder(name, req)
 	r.cancel = cancel
-	go func() {
-		for {
-			ev, err := stream.Recv()
-			if err != nil {
-				r.End(err)
-				return
-			}
-			r.Record(ev)
-		}
-	}()
+	go r.recordFrom(stream)
 	return r, nil
+}
+
+// recordFrom records what a stream receives until it ends.
+func (r *Recorder) recordFrom(stream interface {
+	Recv() (*registrarv1.EndpointEvent, error)
+}) {
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			r.End(err)
+			return
+		}
+		r.Record(ev)
+	}
 }
 
 // ParseVersion splits a version token "<epoch>:<sequence>".

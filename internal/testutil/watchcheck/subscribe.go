@@ -67,15 +67,6 @@ func Subscribe(ctx context.Context, c registrarv1.RegistrarClient, name string, 
 		defer sendMu.Unlock()
 		return stream.Send(m)
 	}
-	go func() {
-		for {
-			ev, err := stream.Recv()
-			if err != nil {
-				r.End(err)
-				return
-			}
-			r.Record(ev)
-		}
-	}()
+	go r.recordFrom(stream)
 	return r, nil
 }
