@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 )
 
 func TestStartThreeMembers(t *testing.T) {
@@ -75,13 +76,7 @@ func TestKillAndRestartMember(t *testing.T) {
 	var leader int
 	waitLeader := func(what string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for leader = c.Leader(); leader < 0; leader = c.Leader() {
-			if time.Now().After(deadline) {
-				t.Fatalf("no leader %s", what)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		wait.For(t, "a leader "+what, 10*time.Second, func() bool { leader = c.Leader(); return leader >= 0 })
 	}
 	waitLeader("at start")
 	old := leader
