@@ -447,7 +447,10 @@ func fanoutStep(ctx context.Context, cfg FanoutConfig, b bins, w io.Writer) (Fan
 	subsB := wl.subscribers(func(a int) bool { return a%2 == 1 })
 	next := 0
 	for i, load := range cfg.Phases {
+		prof := startProfiles(ctx, cfg.Label, i, load.Duration, map[string]string{
+			"etcd": rw.etcd.url, "registrar A": "http://" + rw.regs[0].httpAddr, "registrar B": "http://" + rw.regs[1].httpAddr})
 		ph, k, err := rw.regPhase(ctx, ag, i, load, next, cfg.Drain, subsA, subsB)
+		prof.stop(w)
 		if err != nil {
 			return st, err
 		}

@@ -338,11 +338,14 @@ func startEtcdProc(ctx context.Context, bin string) (*etcdProc, error) {
 		}
 		client := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 		peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
-		p, err := startProc("etcd", dir, bin,
-			"--name", "bench", "--data-dir", filepath.Join(dir, "data"),
+		args := []string{"--name", "bench", "--data-dir", filepath.Join(dir, "data"),
 			"--listen-client-urls", client, "--advertise-client-urls", client,
 			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-			"--initial-cluster", "bench="+peer, "--log-level", "warn")
+			"--initial-cluster", "bench=" + peer, "--log-level", "warn"}
+		if profileDir() != "" {
+			args = append(args, "--enable-pprof")
+		}
+		p, err := startProc("etcd", dir, bin, args...)
 		if err != nil {
 			os.RemoveAll(dir)
 			return nil, err
@@ -416,6 +419,9 @@ func startRegistrarProc(ctx context.Context, bin, name, etcdURL string, extra ..
 		r := &registrarProc{grpcAddr: fmt.Sprintf("127.0.0.1:%d", ports[0]), httpAddr: fmt.Sprintf("127.0.0.1:%d", ports[1])}
 		args := append([]string{"registrar", "--etcd-endpoints", etcdURL,
 			"--grpc-addr", r.grpcAddr, "--http-addr", r.httpAddr, "--log-level", "warn"}, extra...)
+		if profileDir() != "" {
+			args = append(args, "--enable-pprof")
+		}
 		if r.proc, err = startProc(name, "", bin, args...); err != nil {
 			return nil, err
 		}

@@ -35,6 +35,7 @@ import (
 	"log/slog"
 	"strings"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -117,20 +118,35 @@ type Mutation struct {
 // Each Txn carries at most MaxTxnOps encoded endpoints; for endpoints within
 // registry.DefaultLimits that is far below etcd's 1.5 MiB request limit.
 func (s *Store) Apply(ctx context.Context, muts []Mutation) (rev int64, err error) {
-	ops, err := s.ops(muts)
-	if err != nil {
+	revs, err := s.ApplyEach(ctx, muts)
+	if err != nil || len(revs) == 0 {
 		return 0, err
 	}
+	return revs[len(revs)-1], nil
+}
+
+// ApplyEach is Apply reporting the revision each mutation landed at
+// (revs[i] for muts[i]): mutations in different Txns land at different
+// revisions, and a consumer that remembers each key's mod revision (the
+// registrar's backstop, see ListRevisions) needs the exact one.
+func (s *Store) ApplyEach(ctx context.Context, muts []Mutation) (revs []int64, err error) {
+	ops, err := s.ops(muts)
+	if err != nil {
+		return nil, err
+	}
+	revs = make([]int64, 0, len(ops))
 	n := (len(ops) + s.maxTxnOps - 1) / s.maxTxnOps
 	for i := 0; i < n; i++ {
 		lo, hi := i*s.maxTxnOps, min((i+1)*s.maxTxnOps, len(ops))
 		resp, err := s.cli.Txn(ctx).Then(ops[lo:hi]...).Commit()
 		if err != nil {
-			return 0, fmt.Errorf("etcd txn %d of %d (mutations %d-%d; %d before it committed): %w", i+1, n, lo, hi-1, lo, err)
+			return nil, fmt.Errorf("etcd txn %d of %d (mutations %d-%d; %d before it committed): %w", i+1, n, lo, hi-1, lo, err)
 		}
-		rev = resp.Header.GetRevision()
+		for range hi - lo {
+			revs = append(revs, resp.Header.GetRevision())
+		}
 	}
-	return rev, nil
+	return revs, nil
 }
 
 // ops validates and encodes a batch, rejecting it whole on the first problem.
@@ -168,6 +184,44 @@ type Listing struct {
 	Nodes     []*registryv1.Node            // node records, in key order
 	Revision  int64                         // the store revision the listing is consistent at
 	Skipped   int                           // endpoint keys whose value did not decode (logged at warn)
+	// EndpointRevs[i] and NodeRevs[i] are the mod revisions of Endpoints[i]
+	// and Nodes[i]: the revision each value was written at. A consumer that
+	// remembers them can later tell from a keys-only listing
+	// (ListRevisions) which values changed.
+	EndpointRevs []int64
+	NodeRevs     []int64
+}
+
+// add decodes one key-value into l: an endpoint or a node record, or a
+// skip (logged, up to maxSkipLogs per listing) when its value does not
+// decode. Other keys under Root are not ours and are ignored.
+func (s *Store) add(l *Listing, kv *mvccpb.KeyValue, logged *int) {
+	key := string(kv.Key)
+	skip := func(what string, err error) {
+		l.Skipped++
+		if *logged < maxSkipLogs {
+			*logged++
+			s.log.Warn("skipping undecodable "+what, "key", key, "mod_revision", kv.ModRevision, "err", err)
+		}
+	}
+	switch {
+	case registry.IsNodeKey(key):
+		n, err := registry.DecodeNode(key, kv.Value)
+		if err != nil {
+			skip("node record", err)
+			return
+		}
+		l.Nodes = append(l.Nodes, n)
+		l.NodeRevs = append(l.NodeRevs, kv.ModRevision)
+	case registry.IsEndpointKey(key):
+		ep, err := registry.DecodeEndpoint(key, kv.Value)
+		if err != nil {
+			skip("endpoint record", err)
+			return
+		}
+		l.Endpoints = append(l.Endpoints, ep)
+		l.EndpointRevs = append(l.EndpointRevs, kv.ModRevision)
+	}
 }
 
 // List returns every endpoint under registry.Root at a single revision,
@@ -182,22 +236,29 @@ func (s *Store) ListPrefix(ctx context.Context, prefix string) (Listing, error) 
 	if !strings.HasPrefix(prefix, registry.Root) {
 		return Listing{}, fmt.Errorf("list prefix %q is not under %s", prefix, registry.Root)
 	}
-	var err error
+	return overCompaction(ctx, s, prefix, func() (Listing, error) { return s.listOnce(ctx, prefix) })
+}
+
+// overCompaction runs a paged read until it is not overtaken by
+// compaction, at most maxListAttempts times. Auto-compaction may overtake a
+// long listing's revision. The listing is useless then, but a fresh one at a
+// newer revision is as good, so start over rather than fail the caller.
+func overCompaction[T any](ctx context.Context, s *Store, prefix string, read func() (T, error)) (T, error) {
+	var (
+		v   T
+		err error
+	)
 	for attempt := 1; attempt <= maxListAttempts; attempt++ {
-		var l Listing
-		l, err = s.listOnce(ctx, prefix)
-		if err == nil {
-			return l, nil
+		if v, err = read(); err == nil {
+			return v, nil
 		}
-		// Auto-compaction may overtake a long listing's revision. The
-		// listing is useless then, but a fresh one at a newer revision is
-		// as good, so start over rather than fail the caller.
 		if !errors.Is(err, rpctypes.ErrCompacted) || ctx.Err() != nil {
 			break
 		}
 		s.log.Warn("etcd listing overtaken by compaction; starting over", "prefix", prefix, "attempt", attempt)
 	}
-	return Listing{}, err
+	var zero T
+	return zero, err
 }
 
 func (s *Store) listOnce(ctx context.Context, prefix string) (Listing, error) {
@@ -222,33 +283,7 @@ func (s *Store) listOnce(ctx context.Context, prefix string) (Listing, error) {
 			l.Revision = resp.Header.GetRevision()
 		}
 		for _, kv := range resp.Kvs {
-			key := string(kv.Key)
-			if registry.IsNodeKey(key) {
-				n, err := registry.DecodeNode(key, kv.Value)
-				if err != nil {
-					l.Skipped++
-					if logged < maxSkipLogs {
-						logged++
-						s.log.Warn("skipping undecodable node record", "key", key, "mod_revision", kv.ModRevision, "err", err)
-					}
-					continue
-				}
-				l.Nodes = append(l.Nodes, n)
-				continue
-			}
-			if !registry.IsEndpointKey(key) {
-				continue // other records under Root are not ours
-			}
-			ep, err := registry.DecodeEndpoint(key, kv.Value)
-			if err != nil {
-				l.Skipped++
-				if logged < maxSkipLogs {
-					logged++
-					s.log.Warn("skipping undecodable endpoint record", "key", key, "mod_revision", kv.ModRevision, "err", err)
-				}
-				continue
-			}
-			l.Endpoints = append(l.Endpoints, ep)
+			s.add(&l, kv, &logged)
 		}
 		if s.afterPage != nil {
 			s.afterPage(ctx, page)

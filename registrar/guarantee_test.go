@@ -66,23 +66,32 @@ func runWriters(t *testing.T, c registrarv1.RegistrarClient, first, writers, n i
 
 // backgroundWriters runs writers first..first+count-1 until the returned
 // stop is called: rounds of 20 writes, writer w taking ids w, w+count, ...
-// below 150 (fresh endpoints each round). stop waits for them and returns
-// the first write that failed.
+// below 100, then starting over at w with the next round's metadata, so
+// that a registration of an address still live is an update with an event
+// of its own. A round leaves 8 endpoints live, so the endpoints stay below
+// --max-endpoints-per-node (1000) however long the writers run. stop waits
+// for them and returns the first write that failed.
 func backgroundWriters(c registrarv1.RegistrarClient, first, count int, acks *ackLog) (stop func() error) {
 	done := make(chan struct{})
 	errs := make(chan error, count)
 	var wg sync.WaitGroup
 	for w := first; w < first+count; w++ {
 		wg.Go(func() {
-			for id := w; id < 150; id += count {
-				select {
-				case <-done:
-					return
-				default:
+			for round := 0; ; round++ {
+				meta := ""
+				if round > 0 {
+					meta = fmt.Sprint("round-", round)
 				}
-				if err := churn(c, id, 20, "", acks); err != nil {
-					errs <- err
-					return
+				for id := w; id < 100; id += count {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					if err := churn(c, id, 20, meta, acks); err != nil {
+						errs <- err
+						return
+					}
 				}
 			}
 		})

@@ -13,6 +13,7 @@ type metrics struct {
 	reg            *prometheus.Registry
 	syncDuration   prometheus.Histogram
 	syncErrors     prometheus.Counter
+	syncFetched    prometheus.Counter
 	batchSize      prometheus.Histogram
 	flushDuration  prometheus.Histogram
 	flushErrors    prometheus.Counter
@@ -35,6 +36,10 @@ func newMetrics(r *Registrar) *metrics {
 		syncErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "registrar_sync_errors_total",
 			Help: "Backend listings that failed.",
+		}),
+		syncFetched: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "registrar_sync_values_fetched_total",
+			Help: "Values read from the backend by listings: all of them for a full listing, only those not already held at the listed revision for the backstop's keys-only listing.",
 		}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "registrar_write_batch_size",
@@ -76,7 +81,7 @@ func newMetrics(r *Registrar) *metrics {
 		m.broadcastByTyp[registrarv1.EndpointEvent_EventType(v)] = m.broadcast.WithLabelValues(name)
 	}
 	m.reg.MustRegister(
-		m.syncDuration, m.syncErrors, m.batchSize, m.flushDuration, m.flushErrors,
+		m.syncDuration, m.syncErrors, m.syncFetched, m.batchSize, m.flushDuration, m.flushErrors,
 		m.broadcast, m.evictions, m.rejected, m.swept, m.authzDenied,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

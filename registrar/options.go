@@ -27,6 +27,11 @@ type Options struct {
 	// picks a free port (see Server.GRPCAddr).
 	GRPCAddr string
 	HTTPAddr string
+	// EnablePprof serves Go's runtime profiles at /debug/pprof/ on HTTPAddr,
+	// as etcd's --enable-pprof does. Off by default: a profile costs CPU and
+	// shows internals, so it is for diagnosing, behind the same TLS as
+	// /metrics.
+	EnablePprof bool
 
 	// Identity: the origin this registrar writes for.
 	ClusterName string

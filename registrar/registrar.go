@@ -22,11 +22,16 @@ import (
 // Backend is the durable store a registrar persists to and learns other
 // replicas' writes from. *etcdstore.Store implements it.
 type Backend interface {
-	// Apply persists a batch (puts and deletes, unique keys) and returns the
-	// revision it landed at. It must be safe to retry after an error.
-	Apply(ctx context.Context, muts []etcdstore.Mutation) (int64, error)
+	// ApplyEach persists a batch (puts and deletes, unique keys) and
+	// returns the revision each mutation landed at. It must be safe to
+	// retry after an error.
+	ApplyEach(ctx context.Context, muts []etcdstore.Mutation) ([]int64, error)
 	// List returns every endpoint and the revision the listing is at.
 	List(ctx context.Context) (etcdstore.Listing, error)
+	// ListRevisions and GetAt are the backstop's cheap listing: keys and
+	// mod revisions, then the values of some keys at that revision.
+	ListRevisions(ctx context.Context) (etcdstore.KeyRevisions, error)
+	GetAt(ctx context.Context, rev int64, eps []registry.EndpointID, nodes []registry.NodeID) (etcdstore.Listing, error)
 	// Watch streams changes after a revision, as etcdstore.Store.Watch.
 	Watch(ctx context.Context, afterRev int64) <-chan etcdstore.WatchBatch
 
@@ -426,12 +431,17 @@ func (r *Registrar) maybeKick(pending int) {
 func (r *Registrar) list(ctx context.Context) (etcdstore.Listing, error) {
 	ctx, cancel := context.WithTimeout(ctx, max(r.opts.SyncInterval, 10*time.Second))
 	defer cancel()
-	start := time.Now()
+	return r.listFull(ctx, time.Now())
+}
+
+// listFull reads every value, for a listing that began at start.
+func (r *Registrar) listFull(ctx context.Context, start time.Time) (etcdstore.Listing, error) {
 	l, err := r.backend.List(ctx)
 	if err != nil {
 		r.metrics.syncErrors.Inc()
 		return l, err
 	}
+	r.metrics.syncFetched.Add(float64(len(l.Endpoints) + len(l.Nodes) + l.Skipped))
 	r.metrics.syncDuration.Observe(time.Since(start).Seconds())
 	return l, nil
 }

@@ -77,21 +77,35 @@ func (t *relistTrack) newerNode(id registry.NodeID, rev int64) bool {
 type listingApply struct {
 	l         etcdstore.Listing
 	track     *relistTrack
-	byService map[string][]*registryv1.ServiceEndpoint
+	byService map[string][]listed
 	services  []string // the listing's services, then the snapshot's others
 	next      int
 	nodeGone  bool // the listing dropped a node record the snapshot had
 }
 
+// listed is an endpoint of a listing and its mod revision (0: not known).
+type listed struct {
+	ep  *registryv1.ServiceEndpoint
+	rev int64
+}
+
+// revAt is revs[i], or 0 (not known) past its end.
+func revAt(revs []int64, i int) int64 {
+	if i < len(revs) {
+		return revs[i]
+	}
+	return 0
+}
+
 // newListingApply groups a listing by service. It reads no state, so it
 // runs outside the lock.
 func newListingApply(l etcdstore.Listing) *listingApply {
-	a := &listingApply{l: l, byService: map[string][]*registryv1.ServiceEndpoint{}}
-	for _, ep := range l.Endpoints {
+	a := &listingApply{l: l, byService: map[string][]listed{}}
+	for i, ep := range l.Endpoints {
 		if _, ok := a.byService[ep.Service]; !ok {
 			a.services = append(a.services, ep.Service)
 		}
-		a.byService[ep.Service] = append(a.byService[ep.Service], ep)
+		a.byService[ep.Service] = append(a.byService[ep.Service], listed{ep, revAt(l.EndpointRevs, i)})
 	}
 	return a
 }
@@ -132,17 +146,25 @@ func (s *state) stepListing(a *listingApply, budget int) (evs []*registrarv1.End
 // reconcileService makes one service's endpoints match the listing, except
 // those written locally and not yet known persisted by it (guarded) and
 // those the watch changed after it.
-func (s *state) reconcileService(svc string, listed []*registryv1.ServiceEndpoint, a *listingApply) []*registrarv1.EndpointEvent {
+func (s *state) reconcileService(svc string, eps []listed, a *listingApply) []*registrarv1.EndpointEvent {
 	rev := a.l.Revision
 	var evs []*registrarv1.EndpointEvent
-	seen := make(map[registry.EndpointID]struct{}, len(listed))
-	for _, ep := range listed {
-		id := registry.IDOf(ep)
+	seen := make(map[registry.EndpointID]struct{}, len(eps))
+	for _, e := range eps {
+		id := registry.IDOf(e.ep)
 		seen[id] = struct{}{}
 		if s.guarded(id, rev) || a.track.newerEndpoint(id, rev) {
 			continue
 		}
-		if ev := s.set(id, ep); ev != nil {
+		if s.get(id) == e.ep {
+			// The snapshot's own value, handed back by a keys-only
+			// backstop (digest.go): unchanged, and known at e.rev.
+			if e.rev > 0 {
+				s.epRev[id] = e.rev
+			}
+			continue
+		}
+		if ev := s.setAt(id, e.ep, e.rev); ev != nil {
 			evs = append(evs, ev)
 		}
 	}
@@ -166,25 +188,35 @@ func (s *state) reconcileService(svc string, listed []*registryv1.ServiceEndpoin
 func (s *state) finishListing(a *listingApply) {
 	rev, t := a.l.Revision, a.track
 	nodes := make(map[registry.NodeID]*registryv1.Node, len(a.l.Nodes))
-	for _, n := range a.l.Nodes {
+	revs := make(map[registry.NodeID]int64, len(a.l.Nodes))
+	for i, n := range a.l.Nodes {
 		if id := registry.NodeIDOf(n); !t.newerNode(id, rev) {
 			nodes[id] = n
+			if r := revAt(a.l.NodeRevs, i); r > 0 {
+				revs[id] = r
+			}
+		}
+	}
+	keep := func(id registry.NodeID) { // the snapshot's word, absent or not
+		delete(nodes, id)
+		delete(revs, id)
+		if n, ok := s.nodes[id]; ok {
+			nodes[id] = n
+			if r, ok := s.nodeRev[id]; ok {
+				revs[id] = r
+			}
 		}
 	}
 	if t != nil {
 		for id, r := range t.nodes {
-			if n, ok := s.nodes[id]; ok && r > rev {
-				nodes[id] = n // the watch's word is newer; absent stays absent
+			if _, ok := s.nodes[id]; ok && r > rev {
+				keep(id) // the watch's word is newer; absent stays absent
 			}
 		}
 	}
 	for id, r := range s.nodeFlushed {
 		if r > rev { // ours is newer than the listing
-			if n, ok := s.nodes[id]; ok {
-				nodes[id] = n
-			} else {
-				delete(nodes, id)
-			}
+			keep(id)
 		}
 	}
 	for id := range s.nodes {
@@ -193,7 +225,7 @@ func (s *state) finishListing(a *listingApply) {
 			break
 		}
 	}
-	s.nodes = nodes
+	s.nodes, s.nodeRev = nodes, revs
 	s.advance(rev)
 	if s.track == t {
 		s.track = nil

@@ -70,6 +70,18 @@ type state struct {
 	flushed   map[registry.EndpointID]int64 // revision our last write of a key landed at
 	backendRv int64                         // the backend revision the snapshot reflects
 
+	// epRev is, for an endpoint whose stored value is known to be the
+	// backend's value as of some write, that write's mod revision; absent
+	// when not known (a local write not yet flushed). The backstop
+	// re-list compares it with a keys-only listing and fetches only the
+	// values that differ (digest.go), so it must never name a revision
+	// whose value differs from the stored one: every change to the
+	// snapshot drops it, and only a backend report or a landed flush of
+	// exactly the stored value sets it (at the revision of the Txn that
+	// carried it: a large flush spans several).
+	epRev   map[registry.EndpointID]int64
+	nodeRev map[registry.NodeID]int64
+
 	// Node records, as etcd has them. Ours are written synchronously, so the
 	// only guard needed is against a listing older than our own put.
 	nodes       map[registry.NodeID]*registryv1.Node
@@ -89,6 +101,8 @@ func newState(epoch string, historySize, queueLimit int) *state {
 		endpoints:   map[string]map[registry.EndpointID]*registryv1.ServiceEndpoint{},
 		queue:       newWriteQueue(queueLimit),
 		flushed:     map[registry.EndpointID]int64{},
+		epRev:       map[registry.EndpointID]int64{},
+		nodeRev:     map[registry.NodeID]int64{},
 		nodes:       map[registry.NodeID]*registryv1.Node{},
 		nodeFlushed: map[registry.NodeID]int64{},
 	}
@@ -108,8 +122,10 @@ func (s *state) len() int {
 	return n
 }
 
-// set stores or removes (ep == nil) an endpoint and records the event.
+// set stores or removes (ep == nil) an endpoint and records the event. The
+// endpoint's backend revision becomes unknown; setAt records it.
 func (s *state) set(id registry.EndpointID, ep *registryv1.ServiceEndpoint) *registrarv1.EndpointEvent {
+	delete(s.epRev, id)
 	prev := s.get(id)
 	var typ registrarv1.EndpointEvent_EventType
 	switch {
@@ -156,6 +172,16 @@ func (s *state) set(id registry.EndpointID, ep *registryv1.ServiceEndpoint) *reg
 		Version:  s.version().String(),
 	}
 	s.hist.append(ev)
+	return ev
+}
+
+// setAt is set with what the backend holds for id as of its write at
+// revision rev (0: not known).
+func (s *state) setAt(id registry.EndpointID, ep *registryv1.ServiceEndpoint, rev int64) *registrarv1.EndpointEvent {
+	ev := s.set(id, ep)
+	if ep != nil && rev > 0 {
+		s.epRev[id] = rev
+	}
 	return ev
 }
 
@@ -245,7 +271,7 @@ func (s *state) applyWatch(b etcdstore.WatchBatch) []*registrarv1.EndpointEvent 
 		if e.Revision <= s.backendRv || s.guarded(e.ID, e.Revision) {
 			continue
 		}
-		if ev := s.set(e.ID, e.Endpoint); ev != nil {
+		if ev := s.setAt(e.ID, e.Endpoint, e.Revision); ev != nil {
 			evs = append(evs, ev)
 		}
 	}
@@ -254,24 +280,30 @@ func (s *state) applyWatch(b etcdstore.WatchBatch) []*registrarv1.EndpointEvent 
 		if n.Revision <= s.backendRv || s.nodeFlushed[n.ID] > n.Revision {
 			continue
 		}
-		s.setNode(n.ID, n.Node)
+		s.setNode(n.ID, n.Node, n.Revision)
 	}
 	s.advance(b.Revision)
 	return evs
 }
 
-func (s *state) setNode(id registry.NodeID, n *registryv1.Node) {
+// setNode stores or removes (n == nil) a node record written at rev (0:
+// not known).
+func (s *state) setNode(id registry.NodeID, n *registryv1.Node, rev int64) {
+	delete(s.nodeRev, id)
 	if n == nil {
 		delete(s.nodes, id)
 		return
 	}
 	s.nodes[id] = n
+	if rev > 0 {
+		s.nodeRev[id] = rev
+	}
 }
 
 // nodePut records a node record we wrote at rev.
 func (s *state) nodePut(n *registryv1.Node, rev int64) {
 	id := registry.NodeIDOf(n)
-	s.nodes[id] = n
+	s.setNode(id, n, rev)
 	if rev > s.backendRv {
 		s.nodeFlushed[id] = rev
 	}
@@ -279,7 +311,7 @@ func (s *state) nodePut(n *registryv1.Node, rev int64) {
 
 // nodeGone records a node record we deleted (revoked) at rev.
 func (s *state) nodeGone(id registry.NodeID, rev int64) {
-	delete(s.nodes, id)
+	s.setNode(id, nil, 0)
 	if rev > s.backendRv {
 		s.nodeFlushed[id] = rev
 	}
@@ -332,7 +364,9 @@ func (s *state) advance(rev int64) {
 // takeBatch hands up to max pending writes to the flusher.
 func (s *state) takeBatch(max int) []etcdstore.Mutation { return s.queue.take(max) }
 
-// batchDone records that a batch landed at revision rev.
+// batchDone records that a batch landed at revision rev. Where no newer
+// local write is waiting, the stored value is the one that landed: the
+// watch cannot have changed it while the write was held.
 func (s *state) batchDone(b []etcdstore.Mutation, rev int64) {
 	for _, m := range b {
 		if rev > s.backendRv {
@@ -340,6 +374,11 @@ func (s *state) batchDone(b []etcdstore.Mutation, rev int64) {
 		}
 	}
 	s.queue.done(b)
+	for _, m := range b {
+		if m.Endpoint != nil && !s.queue.holds(m.ID) && s.get(m.ID) == m.Endpoint {
+			s.epRev[m.ID] = rev
+		}
+	}
 }
 
 // batchFailed returns a batch to the queue; writes made since take priority.

@@ -60,8 +60,10 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 		return a
 	}
 	var lastList time.Time
-	// relist lists and applies in the foreground, with no watch running.
-	relist := func() (int64, bool) {
+	// relist lists and applies in the foreground, with no watch running:
+	// every value after the watch lost its position, only changed ones
+	// (backstopList) for a poll.
+	relist := func(list func(context.Context) (etcdstore.Listing, error)) (int64, bool) {
 		if wait := r.opts.SyncDebounce - time.Since(lastList); wait > 0 {
 			select {
 			case <-ctx.Done():
@@ -70,7 +72,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			}
 		}
 		lastList = time.Now()
-		l, err := r.list(ctx)
+		l, err := list(ctx)
 		if err != nil {
 			if !isClosed(ctx, err) {
 				r.log.Warn("backend listing failed; serving the current snapshot", "err", err)
@@ -89,7 +91,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			case <-ctx.Done():
 				return
 			case <-poll.C:
-				relist()
+				relist(r.backstopList)
 			}
 		}
 	}
@@ -98,6 +100,10 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	defer func() { wcancel() }()
 	// applying is the backstop listing being applied, step by step.
 	var applying *listingApply
+	// foreground counts foreground re-lists. A backstop listing read
+	// across one is dropped: the foreground listing ended the tracking
+	// that would keep it exact against the new watch's changes.
+	foreground := 0
 	// onWatch applies a watch batch and whatever queued behind it. It
 	// returns false when the watch lost its position and a foreground
 	// re-list and a new watch could not be set up before ctx ended.
@@ -111,12 +117,13 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			r.log.Info("backend watch lost its position; re-listing", "compacted", b.Compacted)
 			wcancel()
 			// The foreground listing supersedes a backstop one being
-			// applied, and ends the tracking that kept that one exact.
+			// applied or read, and ends the tracking that kept it exact.
 			applying = nil
+			foreground++
 			var rev int64
 			for {
 				var ok bool
-				if rev, ok = relist(); ok || ctx.Err() != nil {
+				if rev, ok = relist(r.list); ok || ctx.Err() != nil {
 					break
 				}
 			}
@@ -160,8 +167,9 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	// The backstop listing: at most one out at a time, its result arriving
 	// on listed, then applied step by step (applying).
 	type listResult struct {
-		l   etcdstore.Listing
-		err error
+		l          etcdstore.Listing
+		err        error
+		foreground int // foreground re-lists before it was read
 	}
 	var listed chan listResult // nil while none is out
 	defer func() {
@@ -203,12 +211,15 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			r.st.trackForListing()
 			r.mu.Unlock()
 			listed = make(chan listResult, 1)
-			go func(out chan<- listResult) {
-				l, err := r.list(ctx)
-				out <- listResult{l, err}
-			}(listed)
+			go func(out chan<- listResult, fg int) {
+				l, err := r.backstopList(ctx)
+				out <- listResult{l, err, fg}
+			}(listed, foreground)
 		case res := <-listed:
 			listed = nil
+			if res.foreground != foreground {
+				continue // superseded; its tracking ended already
+			}
 			if res.err != nil {
 				r.mu.Lock()
 				r.st.untrack()

@@ -99,13 +99,22 @@ func (r *Registrar) flushOnce(ctx context.Context) (int, error) {
 	}
 	start := time.Now()
 	actx, cancel := context.WithTimeout(ctx, flushTimeout)
-	rev, err := r.backend.Apply(actx, b)
+	revs, err := r.backend.ApplyEach(actx, b)
 	cancel()
 	r.mu.Lock()
 	if err != nil {
 		r.st.batchFailed(b)
 	} else {
-		r.st.batchDone(b, rev)
+		// A large batch takes several Txns, each landing at its own
+		// revision.
+		for lo := 0; lo < len(b); {
+			hi := lo + 1
+			for hi < len(b) && revs[hi] == revs[lo] {
+				hi++
+			}
+			r.st.batchDone(b[lo:hi], revs[lo])
+			lo = hi
+		}
 	}
 	r.mu.Unlock()
 	if err != nil {

@@ -97,6 +97,29 @@ func TestWriteQueueLimitRefusesWholeRequests(t *testing.T) {
 	register(t, c, ep("web", "10.0.0.6", 80)) // room again
 }
 
+func TestEnablePprofServesProfiles(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.EnablePprof = true })
+	for path, want := range map[string]string{
+		"/debug/pprof/":                  "goroutine",
+		"/debug/pprof/goroutine?debug=1": "goroutine profile: total",
+		"/debug/pprof/profile?seconds=1": "", // a gzipped CPU profile
+		"/debug/pprof/heap?debug=1":      "heap profile",
+		"/debug/pprof/cmdline":           "",
+		"/debug/pprof/symbol":            "num_symbols",
+	} {
+		r, err := http.Get("http://" + s.HTTPAddr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(r.Body)
+		r.Body.Close()
+		if r.StatusCode != 200 || len(body) == 0 || !strings.Contains(string(body), want) {
+			t.Errorf("GET %s = %d, %d bytes; want 200 containing %q", path, r.StatusCode, len(body), want)
+		}
+	}
+}
+
 func TestHealthReflectionAndMetrics(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints())
@@ -138,7 +161,8 @@ func TestHealthReflectionAndMetrics(t *testing.T) {
 	w.waitSnapshot(t)
 	waitFor(t, "flush", 10*time.Second, func() bool { return s.Registrar().PendingWrites() == 0 })
 
-	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200} {
+	// Profiles are served only with EnablePprof.
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/debug/pprof/": 404} {
 		r, err := http.Get("http://" + s.HTTPAddr() + path)
 		if err != nil || r.StatusCode != want {
 			t.Fatalf("GET %s = %v, %v", path, r, err)

@@ -109,6 +109,28 @@ func TestNodeKeyLayout(t *testing.T) {
 	if IsEndpointKey(k) || !IsNodeKey(k) {
 		t.Fatal("node key misclassified")
 	}
+	// Names that are segment names elsewhere in the schema.
+	for _, eid := range []EndpointID{
+		{Region: "eu", Cluster: "c1", Service: "nodes", Protocol: registryv1.Protocol_PROTOCOL_TCP, IP: "10.0.0.1"},
+		{Region: "eu", Cluster: "nodes", Service: "nodes", Protocol: registryv1.Protocol_PROTOCOL_TCP, IP: "10.0.0.1"},
+	} {
+		ek, err := eid.Key()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !IsEndpointKey(ek) || IsNodeKey(ek) {
+			t.Errorf("endpoint key %q misclassified as a node key", ek)
+		}
+	}
+	for _, nid := range []NodeID{{Region: "eu", Cluster: "services", Name: "endpoints"}, {Region: "eu", Cluster: "nodes", Name: "nodes"}} {
+		nk, err := nid.Key()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if IsEndpointKey(nk) || !IsNodeKey(nk) {
+			t.Errorf("node key %q misclassified", nk)
+		}
+	}
 	for _, bad := range []string{"/aether/v1/regions/eu/clusters/c1/nodes/", "/aether/v1/regions/eu/clusters/c1/nodes/a/b", "/aether/v1/regions/eu/clusters/c1/nodes/.."} {
 		if _, err := ParseNodeKey(bad); err == nil {
 			t.Errorf("ParseNodeKey(%q) accepted", bad)

@@ -52,9 +52,13 @@ func (id NodeID) String() string {
 // NodesPrefix holds a cluster's node records.
 func NodesPrefix(region, cluster string) string { return ClusterPrefix(region, cluster) + "nodes/" }
 
-// IsNodeKey reports cheaply whether key has the shape of a node record key.
+// IsNodeKey reports cheaply whether key has the shape of a node record key:
+// <region>/clusters/<cluster>/nodes/<node> under Root. Counting the
+// segments keeps an endpoint of a service named "nodes" (whose key also
+// contains "/nodes/") from passing for one.
 func IsNodeKey(key string) bool {
-	return strings.HasPrefix(key, Root) && strings.Contains(key, "/nodes/")
+	rest, ok := strings.CutPrefix(key, Root)
+	return ok && strings.Count(rest, "/") == 4 && strings.Contains(rest, "/nodes/")
 }
 
 // ParseNodeKey inverts NodeID.Key.

@@ -67,6 +67,7 @@ Without them it serves plaintext and warns: development only.`,
 	f.StringVar(&opts.EmbeddedEtcdPeerAddr, "embedded-etcd-peer-addr", opts.EmbeddedEtcdPeerAddr, "peer address of the embedded etcd")
 	f.StringVar(&opts.GRPCAddr, "grpc-addr", opts.GRPCAddr, "address of the Registrar gRPC API (port 0 picks a free port)")
 	f.StringVar(&opts.HTTPAddr, "http-addr", opts.HTTPAddr, "address of /healthz, /readyz and /metrics (port 0 picks a free port)")
+	f.BoolVar(&opts.EnablePprof, "enable-pprof", false, "serve Go runtime profiles at /debug/pprof/ on --http-addr (for diagnosing; off by default)")
 	f.StringVar(&opts.ClusterName, "cluster-name", opts.ClusterName, "cluster this registrar writes for")
 	f.StringVar(&opts.Region, "region", opts.Region, "region this registrar writes for")
 	f.StringVar(&opts.Zone, "zone", opts.Zone, "zone this registrar runs in (optional)")

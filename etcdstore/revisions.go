@@ -1,0 +1,143 @@
+package etcdstore
+
+import (
+	"context"
+	"fmt"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/aethermesh/aether/registry"
+)
+
+// A full listing decodes every value, and etcd reads every one from its
+// backend to send it: for 100k endpoints that is over 100 MB each time. A
+// consumer that keeps a copy and the mod revision of each value (Listing's
+// EndpointRevs and NodeRevs, or a watch event's Revision) can instead ask
+// which keys exist at which mod revision, and fetch only the values whose
+// revision it does not already hold. etcd answers a keys-only range from
+// its in-memory index without touching its backend, so the question is
+// cheap on both sides.
+
+// keysOnlyPageFactor makes a keys-only page this many times a listing page:
+// a keyed revision is a few dozen bytes where a value is a few hundred, and
+// every page makes etcd count the rest of the range.
+const keysOnlyPageFactor = 10
+
+// KeyRevisions is a keys-only listing under registry.Root at one revision:
+// each endpoint's and node record's identity and mod revision, in key order.
+// Keys that do not parse as either are left out, as List leaves them out.
+type KeyRevisions struct {
+	Endpoints []EndpointRevision
+	Nodes     []NodeRevision
+	Revision  int64 // the store revision the listing is consistent at
+}
+
+// EndpointRevision is an endpoint key and the revision its value was
+// written at.
+type EndpointRevision struct {
+	ID          registry.EndpointID
+	ModRevision int64
+}
+
+// NodeRevision is a node record key and the revision its value was written
+// at.
+type NodeRevision struct {
+	ID          registry.NodeID
+	ModRevision int64
+}
+
+// ListRevisions returns the keys under registry.Root and their mod
+// revisions, at a single revision, without their values.
+func (s *Store) ListRevisions(ctx context.Context) (KeyRevisions, error) {
+	return overCompaction(ctx, s, registry.Root, func() (KeyRevisions, error) { return s.listRevisionsOnce(ctx) })
+}
+
+func (s *Store) listRevisionsOnce(ctx context.Context) (KeyRevisions, error) {
+	var (
+		kr   KeyRevisions
+		end  = clientv3.GetPrefixRangeEnd(registry.Root)
+		from = registry.Root
+	)
+	for page := 1; ; page++ {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithKeysOnly(),
+			clientv3.WithLimit(int64(s.pageSize * keysOnlyPageFactor))}
+		if kr.Revision != 0 {
+			opts = append(opts, clientv3.WithRev(kr.Revision))
+		}
+		resp, err := s.cli.Get(ctx, from, opts...)
+		if err != nil {
+			return KeyRevisions{}, fmt.Errorf("etcd keys-only list page %d (at revision %d): %w", page, kr.Revision, err)
+		}
+		if kr.Revision == 0 {
+			kr.Revision = resp.Header.GetRevision()
+			kr.Endpoints = make([]EndpointRevision, 0, resp.Count) // nearly all of them
+		}
+		for _, kv := range resp.Kvs {
+			key := string(kv.Key)
+			// Endpoint keys first: they are nearly all of them. (A node
+			// name cannot contain "/", so no key is both.)
+			switch {
+			case registry.IsEndpointKey(key):
+				if id, err := registry.ParseEndpointKey(key); err == nil {
+					kr.Endpoints = append(kr.Endpoints, EndpointRevision{id, kv.ModRevision})
+				}
+			case registry.IsNodeKey(key):
+				if id, err := registry.ParseNodeKey(key); err == nil {
+					kr.Nodes = append(kr.Nodes, NodeRevision{id, kv.ModRevision})
+				}
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	return kr, nil
+}
+
+// GetAt reads the values of the given endpoints and node records as they
+// were at revision rev, MaxTxnOps keys per read-only Txn, into a Listing at
+// rev, in the order asked (not key order). A key absent at rev is absent
+// from the listing, and a value that does not decode is skipped as List
+// skips it. Unless there is nothing to read, it fails with
+// rpctypes.ErrCompacted once rev is compacted away; a caller then lists
+// afresh.
+func (s *Store) GetAt(ctx context.Context, rev int64, eps []registry.EndpointID, nodes []registry.NodeID) (Listing, error) {
+	if rev <= 0 {
+		return Listing{}, fmt.Errorf("read at revision %d: a revision must be positive", rev)
+	}
+	keys := make([]string, 0, len(eps)+len(nodes))
+	for _, id := range eps {
+		k, err := id.Key()
+		if err != nil {
+			return Listing{}, fmt.Errorf("endpoint %s: %w", id, err)
+		}
+		keys = append(keys, k)
+	}
+	for _, id := range nodes {
+		k, err := id.Key()
+		if err != nil {
+			return Listing{}, fmt.Errorf("node %s: %w", id, err)
+		}
+		keys = append(keys, k)
+	}
+	l := Listing{Revision: rev}
+	var logged int
+	for lo := 0; lo < len(keys); lo += s.maxTxnOps {
+		hi := min(lo+s.maxTxnOps, len(keys))
+		ops := make([]clientv3.Op, 0, hi-lo)
+		for _, k := range keys[lo:hi] {
+			ops = append(ops, clientv3.OpGet(k, clientv3.WithRev(rev)))
+		}
+		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return Listing{}, fmt.Errorf("etcd read of %d keys at revision %d: %w", hi-lo, rev, err)
+		}
+		for _, r := range resp.Responses {
+			for _, kv := range r.GetResponseRange().GetKvs() {
+				s.add(&l, kv, &logged)
+			}
+		}
+	}
+	return l, nil
+}

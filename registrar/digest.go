@@ -1,0 +1,133 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+
+	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/registry"
+)
+
+// The backstop re-list reads the backend every --sync-interval to repair
+// whatever the watch missed. Reading every value each time costs the
+// registrar a decode of the whole registry and etcd a read of every value
+// from its backend (at 100k endpoints, over a second of CPU on each side,
+// every interval, on every replica). The snapshot knows the mod revision of
+// most values it holds (state.epRev), so the backstop asks etcd for keys and
+// mod revisions only (answered from etcd's in-memory index) and fetches the
+// values of just the keys whose revision differs or is not known: in steady
+// state, none. What it hands on is an ordinary full listing, assembled from
+// the fetched values and the snapshot's own, and applied as any listing is
+// (relist.go), so the repair rules are the same either way.
+//
+// Comparing and assembling happen at different times from applying, but
+// that is safe: an endpoint whose value the listing takes from the snapshot
+// had exactly that value at the listing's revision, and any later change to
+// it is either tracked (the watch) or guarded (a local write), and so is
+// left alone when the listing is applied.
+
+// fullFetchRatio: when more than one key in this many needs its value, a
+// full listing is cheaper than fetching them a Txn at a time.
+const fullFetchRatio = 8
+
+// fetchAlways is how many values are fetched key by key whatever the
+// ratio: two Txns, cheaper than any full listing.
+const fetchAlways = 256
+
+// digestPlan turns a keys-only listing into a full one.
+type digestPlan struct {
+	kr   etcdstore.KeyRevisions
+	next int // endpoints of kr compared so far
+	// have holds the values the snapshot already holds at their listed
+	// revision; need the keys whose values must be fetched.
+	have     etcdstore.Listing
+	needEPs  []registry.EndpointID
+	needNode []registry.NodeID
+}
+
+func newDigestPlan(kr etcdstore.KeyRevisions) *digestPlan {
+	return &digestPlan{kr: kr, have: etcdstore.Listing{Revision: kr.Revision}}
+}
+
+// compareDigest compares up to budget of the plan's endpoints with the
+// snapshot, then all of its node records, and reports whether it is done.
+func (s *state) compareDigest(p *digestPlan, budget int) (done bool) {
+	end := min(len(p.kr.Endpoints), p.next+budget)
+	for _, e := range p.kr.Endpoints[p.next:end] {
+		if ep := s.get(e.ID); ep != nil && s.epRev[e.ID] == e.ModRevision {
+			p.have.Endpoints = append(p.have.Endpoints, ep)
+			p.have.EndpointRevs = append(p.have.EndpointRevs, e.ModRevision)
+			continue
+		}
+		p.needEPs = append(p.needEPs, e.ID)
+	}
+	p.next = end
+	if p.next < len(p.kr.Endpoints) {
+		return false
+	}
+	for _, n := range p.kr.Nodes {
+		if rec, ok := s.nodes[n.ID]; ok && s.nodeRev[n.ID] == n.ModRevision {
+			p.have.Nodes = append(p.have.Nodes, rec)
+			p.have.NodeRevs = append(p.have.NodeRevs, n.ModRevision)
+			continue
+		}
+		p.needNode = append(p.needNode, n.ID)
+	}
+	return true
+}
+
+// needs is how many values the plan must fetch.
+func (p *digestPlan) needs() int { return len(p.needEPs) + len(p.needNode) }
+
+// merge adds the fetched values to the plan's own into the full listing.
+func (p *digestPlan) merge(f etcdstore.Listing) etcdstore.Listing {
+	l := p.have
+	l.Endpoints = append(l.Endpoints, f.Endpoints...)
+	l.EndpointRevs = append(l.EndpointRevs, f.EndpointRevs...)
+	l.Nodes = append(l.Nodes, f.Nodes...)
+	l.NodeRevs = append(l.NodeRevs, f.NodeRevs...)
+	l.Skipped = f.Skipped
+	return l
+}
+
+// backstopList reads the backend for the backstop re-list: keys and
+// revisions, then only the values the snapshot lacks, or a full listing
+// when most of them are lacking (or the revision was compacted before they
+// could be read). With a watch running, call it with tracking started
+// (trackForListing).
+func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, error) {
+	ctx, cancel := context.WithTimeout(ctx, max(r.opts.SyncInterval, 10*time.Second))
+	defer cancel()
+	start := time.Now()
+	kr, err := r.backend.ListRevisions(ctx)
+	if err != nil {
+		r.metrics.syncErrors.Inc()
+		return etcdstore.Listing{}, fmt.Errorf("keys-only listing: %w", err)
+	}
+	p := newDigestPlan(kr)
+	for done := false; !done; {
+		// Steps, so that no lock hold is long (see listingStep).
+		r.mu.Lock()
+		done = r.st.compareDigest(p, 4*listingStep)
+		r.mu.Unlock()
+	}
+	total := len(kr.Endpoints) + len(kr.Nodes)
+	if p.needs()*fullFetchRatio > total && p.needs() > fetchAlways {
+		return r.listFull(ctx, start)
+	}
+	f, err := r.backend.GetAt(ctx, kr.Revision, p.needEPs, p.needNode)
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		return r.listFull(ctx, start)
+	}
+	if err != nil {
+		r.metrics.syncErrors.Inc()
+		return etcdstore.Listing{}, fmt.Errorf("reading %d changed values at revision %d: %w", p.needs(), kr.Revision, err)
+	}
+	r.metrics.syncFetched.Add(float64(p.needs()))
+	r.metrics.syncDuration.Observe(time.Since(start).Seconds())
+	return p.merge(f), nil
+}

@@ -1,0 +1,1225 @@
+package registrar
+
+import (
+	"fmt"
+	"math"
+	"math/rand"
+	"slices"
+	"sort"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/registry"
+)
+
+// The digest backstop (digest.go) takes from the snapshot every value whose
+// recorded mod revision (state.epRev, state.nodeRev) equals the one a
+// keys-only listing reports. That is exact only if a recorded revision
+// always names the write whose value the snapshot holds. These tests pin
+// that invariant down, then the comparison and the merge built on it.
+
+func weight(w uint32) func(*registryv1.ServiceEndpoint) {
+	return func(ep *registryv1.ServiceEndpoint) { ep.Weight = w }
+}
+
+// revListing is a listing at rev whose endpoints carry mod revisions.
+func revListing(rev int64, eps []*registryv1.ServiceEndpoint, revs []int64) etcdstore.Listing {
+	return etcdstore.Listing{Revision: rev, Endpoints: eps, EndpointRevs: revs}
+}
+
+// clone is what a backend hands back: an equal value, never the pointer
+// the state stored.
+func clone(ep *registryv1.ServiceEndpoint) *registryv1.ServiceEndpoint {
+	return proto.Clone(ep).(*registryv1.ServiceEndpoint)
+}
+
+func mustRegister(t *testing.T, s *state, ep *registryv1.ServiceEndpoint) {
+	t.Helper()
+	if _, _, err := s.register(ep, t0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func mustTake(t *testing.T, s *state) []etcdstore.Mutation {
+	t.Helper()
+	b := s.takeBatch(100)
+	if len(b) == 0 {
+		t.Fatal("nothing to take")
+	}
+	return b
+}
+
+func TestEpRevTracksTheStoredValue(t *testing.T) {
+	a := mkEP(t, "web", "10.0.0.1")
+	id := registry.IDOf(a)
+	aDrain := mkEP(t, "web", "10.0.0.1", draining)
+	aW3 := mkEP(t, "web", "10.0.0.1", weight(3))
+	for _, tc := range []struct {
+		name   string
+		run    func(t *testing.T, s *state)
+		want   int64                       // 0: not known
+		wantEP *registryv1.ServiceEndpoint // nil: absent
+	}{{
+		name: "a listing records its mod revisions",
+		run:  func(t *testing.T, s *state) {}, want: 5, wantEP: a,
+	}, {
+		name: "a listing without revisions makes it unknown",
+		run:  func(t *testing.T, s *state) { s.applyListing(listing(20, clone(a))) },
+		want: 0, wantEP: a,
+	}, {
+		name: "a listing's newer value records its revision",
+		run: func(t *testing.T, s *state) {
+			s.applyListing(revListing(20, []*registryv1.ServiceEndpoint{clone(aDrain)}, []int64{18}))
+		},
+		want: 18, wantEP: aDrain,
+	}, {
+		name: "a local register: unknown",
+		run:  func(t *testing.T, s *state) { mustRegister(t, s, clone(aDrain)) },
+		want: 0, wantEP: aDrain,
+	}, {
+		name: "a local register that landed: the landed revision",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			s.batchDone(mustTake(t, s), 12)
+		},
+		want: 12, wantEP: aDrain,
+	}, {
+		name: "a newer local write while the batch was in flight: unknown",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			b := mustTake(t, s)
+			mustRegister(t, s, clone(aW3))
+			s.batchDone(b, 12)
+		},
+		want: 0, wantEP: aW3,
+	}, {
+		name: "... until the newer write lands",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			b := mustTake(t, s)
+			mustRegister(t, s, clone(aW3))
+			s.batchDone(b, 12)
+			s.batchDone(mustTake(t, s), 13)
+		},
+		want: 13, wantEP: aW3,
+	}, {
+		name: "a newer local write that restores the old attributes: still unknown",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			b := mustTake(t, s)
+			mustRegister(t, s, clone(a))
+			mustRegister(t, s, clone(aDrain)) // a new value, equal to the one in flight
+			s.batchDone(b, 12)
+		},
+		want: 0, wantEP: aDrain,
+	}, {
+		name: "an unregister while the batch was in flight",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			b := mustTake(t, s)
+			if _, err := s.unregister(id); err != nil {
+				t.Fatal(err)
+			}
+			s.batchDone(b, 12)
+		},
+		want: 0, wantEP: nil,
+	}, {
+		name: "a re-register with the same attributes while in flight changes nothing",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			b := mustTake(t, s)
+			mustRegister(t, s, clone(aDrain))
+			s.batchDone(b, 12)
+		},
+		want: 12, wantEP: aDrain,
+	}, {
+		name: "a failed flush: unknown",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			s.batchFailed(mustTake(t, s))
+		},
+		want: 0, wantEP: aDrain,
+	}, {
+		name: "a failed flush retried: the retry's revision",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			s.batchFailed(mustTake(t, s))
+			s.batchDone(mustTake(t, s), 13)
+		},
+		want: 13, wantEP: aDrain,
+	}, {
+		name: "a flushed delete records nothing",
+		run: func(t *testing.T, s *state) {
+			if _, err := s.unregister(id); err != nil {
+				t.Fatal(err)
+			}
+			s.batchDone(mustTake(t, s), 12)
+		},
+		want: 0, wantEP: nil,
+	}, {
+		name: "a flush that lands below the snapshot's revision still names its write",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			b := mustTake(t, s)
+			s.applyWatch(etcdstore.WatchBatch{Revision: 20}) // progress past the write
+			s.batchDone(b, 15)
+		},
+		want: 15, wantEP: aDrain,
+	}, {
+		name: "a watch put records its revision",
+		run: func(t *testing.T, s *state) {
+			s.applyWatch(etcdstore.WatchBatch{Revision: 12, Events: []etcdstore.Event{put(12, clone(aDrain))}})
+		},
+		want: 12, wantEP: aDrain,
+	}, {
+		name: "a watch put of the same attributes records the newer revision",
+		run: func(t *testing.T, s *state) {
+			s.applyWatch(etcdstore.WatchBatch{Revision: 12, Events: []etcdstore.Event{put(12, clone(a))}})
+		},
+		want: 12, wantEP: a,
+	}, {
+		name: "a watch event not newer than the snapshot is skipped",
+		run: func(t *testing.T, s *state) {
+			s.applyWatch(etcdstore.WatchBatch{Revision: 10, Events: []etcdstore.Event{put(10, clone(aDrain))}})
+		},
+		want: 5, wantEP: a,
+	}, {
+		name: "a watch event guarded by a pending write is skipped",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			s.applyWatch(etcdstore.WatchBatch{Revision: 12, Events: []etcdstore.Event{put(12, clone(aW3))}})
+		},
+		want: 0, wantEP: aDrain,
+	}, {
+		name: "a watch event guarded by an in-flight write is skipped, the flush then names its own write",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			b := mustTake(t, s)
+			s.applyWatch(etcdstore.WatchBatch{Revision: 16, Events: []etcdstore.Event{put(16, clone(aW3))}})
+			s.batchDone(b, 15)
+		},
+		want: 15, wantEP: aDrain,
+	}, {
+		name: "a watch event older than our landed write is skipped",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			s.batchDone(mustTake(t, s), 15)
+			s.applyWatch(etcdstore.WatchBatch{Revision: 12, Events: []etcdstore.Event{put(12, clone(aW3))}})
+		},
+		want: 15, wantEP: aDrain,
+	}, {
+		name: "the watch's report of our own write",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			stored := s.get(id)
+			s.batchDone(mustTake(t, s), 15)
+			s.applyWatch(etcdstore.WatchBatch{Revision: 15, Events: []etcdstore.Event{put(15, clone(stored))}})
+		},
+		want: 15, wantEP: aDrain,
+	}, {
+		name: "a watch delete drops it",
+		run: func(t *testing.T, s *state) {
+			s.applyWatch(etcdstore.WatchBatch{Revision: 12, Events: []etcdstore.Event{del(12, a)}})
+		},
+		want: 0, wantEP: nil,
+	}, {
+		name: "a watch delete and re-add: the re-add's revision",
+		run: func(t *testing.T, s *state) {
+			s.applyWatch(etcdstore.WatchBatch{Revision: 13, Events: []etcdstore.Event{del(12, a), put(13, clone(a))}})
+		},
+		want: 13, wantEP: a,
+	}, {
+		name: "a listing's removal drops it",
+		run:  func(t *testing.T, s *state) { s.applyListing(listing(20)) },
+		want: 0, wantEP: nil,
+	}, {
+		name: "a listing leaves a pending write's alone",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			s.applyListing(revListing(20, []*registryv1.ServiceEndpoint{clone(aW3)}, []int64{18}))
+		},
+		want: 0, wantEP: aDrain,
+	}, {
+		name: "a listing older than our landed write leaves it alone",
+		run: func(t *testing.T, s *state) {
+			mustRegister(t, s, clone(aDrain))
+			s.batchDone(mustTake(t, s), 15)
+			s.applyListing(revListing(12, []*registryv1.ServiceEndpoint{clone(aW3)}, []int64{11}))
+		},
+		want: 15, wantEP: aDrain,
+	}, {
+		name: "a background listing leaves the watch's newer word and revision",
+		run: func(t *testing.T, s *state) {
+			s.trackForListing()
+			s.applyWatch(etcdstore.WatchBatch{Revision: 20, Events: []etcdstore.Event{put(18, clone(aDrain))}})
+			s.applyListing(revListing(15, []*registryv1.ServiceEndpoint{clone(a)}, []int64{5}))
+		},
+		want: 18, wantEP: aDrain,
+	}, {
+		name: "a listing in steps records revisions",
+		run: func(t *testing.T, s *state) {
+			l := revListing(20, []*registryv1.ServiceEndpoint{mkEP(t, "db", "10.0.1.1"), clone(aW3)}, []int64{17, 19})
+			ap := newListingApply(l)
+			if !s.beginListing(ap) {
+				t.Fatal("listing refused")
+			}
+			for done := false; !done; {
+				_, done = s.stepListing(ap, 1)
+			}
+			if got := s.epRev[registry.IDOf(l.Endpoints[0])]; got != 17 {
+				t.Errorf("db endpoint's revision %d, want 17", got)
+			}
+		},
+		want: 19, wantEP: aW3,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newState("e", 100, 100)
+			s.applyListing(revListing(10, []*registryv1.ServiceEndpoint{clone(a)}, []int64{5}))
+			tc.run(t, s)
+			got, known := s.epRev[id]
+			if got != tc.want || known != (tc.want != 0) {
+				t.Errorf("epRev %d (recorded %v), want %d", got, known, tc.want)
+			}
+			stored := s.get(id)
+			switch {
+			case tc.wantEP == nil && stored != nil:
+				t.Errorf("stored %v, want absent", stored)
+			case tc.wantEP != nil && (stored == nil || !registry.SameAttributes(stored, tc.wantEP)):
+				t.Errorf("stored %v, want %v", stored, tc.wantEP)
+			}
+		})
+	}
+}
+
+func TestEpRevForNodeRecords(t *testing.T) {
+	n1 := &registryv1.Node{Name: "n1", Region: "r", Cluster: "c", Zone: "z1"}
+	n1b := &registryv1.Node{Name: "n1", Region: "r", Cluster: "c", Zone: "z2"}
+	n1c := &registryv1.Node{Name: "n1", Region: "r", Cluster: "c", Zone: "z3"}
+	id := registry.NodeIDOf(n1)
+	nodeListing := func(rev int64, ns []*registryv1.Node, revs []int64) etcdstore.Listing {
+		return etcdstore.Listing{Revision: rev, Nodes: ns, NodeRevs: revs}
+	}
+	watchNode := func(s *state, batchRev, rev int64, n *registryv1.Node) {
+		s.applyWatch(etcdstore.WatchBatch{Revision: batchRev, Nodes: []etcdstore.NodeEvent{{ID: id, Node: n, Revision: rev}}})
+	}
+	for _, tc := range []struct {
+		name     string
+		run      func(s *state)
+		want     int64
+		wantNode *registryv1.Node
+	}{{
+		name: "a listing records its mod revisions",
+		run:  func(s *state) {}, want: 6, wantNode: n1,
+	}, {
+		name: "a listing without revisions makes it unknown",
+		run:  func(s *state) { s.applyListing(nodeListing(20, []*registryv1.Node{n1}, nil)) },
+		want: 0, wantNode: n1,
+	}, {
+		name: "a listing's newer record records its revision",
+		run:  func(s *state) { s.applyListing(nodeListing(20, []*registryv1.Node{n1b}, []int64{19})) },
+		want: 19, wantNode: n1b,
+	}, {
+		name: "a listing's removal drops it",
+		run:  func(s *state) { s.applyListing(nodeListing(20, nil, nil)) },
+		want: 0, wantNode: nil,
+	}, {
+		name: "our put records its revision",
+		run:  func(s *state) { s.nodePut(n1b, 12) },
+		want: 12, wantNode: n1b,
+	}, {
+		name: "our revoke drops it",
+		run:  func(s *state) { s.nodeGone(id, 12) },
+		want: 0, wantNode: nil,
+	}, {
+		name: "a watch put records its revision",
+		run:  func(s *state) { watchNode(s, 12, 12, n1b) },
+		want: 12, wantNode: n1b,
+	}, {
+		name: "a watch delete drops it",
+		run:  func(s *state) { watchNode(s, 12, 12, nil) },
+		want: 0, wantNode: nil,
+	}, {
+		name: "a watch event not newer than the snapshot is skipped",
+		run:  func(s *state) { watchNode(s, 10, 10, n1b) },
+		want: 6, wantNode: n1,
+	}, {
+		name: "a watch event older than our put is skipped",
+		run: func(s *state) {
+			s.nodePut(n1b, 15)
+			watchNode(s, 12, 12, n1c)
+		},
+		want: 15, wantNode: n1b,
+	}, {
+		name: "a listing older than our put keeps ours and its revision",
+		run: func(s *state) {
+			s.nodePut(n1b, 15)
+			s.applyListing(nodeListing(12, []*registryv1.Node{n1c}, []int64{11}))
+		},
+		want: 15, wantNode: n1b,
+	}, {
+		name: "a listing older than our revoke keeps it gone",
+		run: func(s *state) {
+			s.nodeGone(id, 15)
+			s.applyListing(nodeListing(12, []*registryv1.Node{n1c}, []int64{11}))
+		},
+		want: 0, wantNode: nil,
+	}, {
+		name: "a background listing keeps the watch's newer record and revision",
+		run: func(s *state) {
+			s.trackForListing()
+			watchNode(s, 20, 18, n1b)
+			s.applyListing(nodeListing(15, []*registryv1.Node{n1}, []int64{6}))
+		},
+		want: 18, wantNode: n1b,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newState("e", 100, 100)
+			s.applyListing(nodeListing(10, []*registryv1.Node{n1}, []int64{6}))
+			tc.run(s)
+			got, known := s.nodeRev[id]
+			if got != tc.want || known != (tc.want != 0) {
+				t.Errorf("nodeRev %d (recorded %v), want %d", got, known, tc.want)
+			}
+			if stored := s.nodes[id]; !proto.Equal(stored, tc.wantNode) {
+				t.Errorf("stored %v, want %v", stored, tc.wantNode)
+			}
+		})
+	}
+}
+
+// digestFixture is a snapshot at revision 10 and a backend at revision 20
+// that has moved on in every way the comparison must tell apart.
+type digestFixture struct {
+	s       *state
+	kr      etcdstore.KeyRevisions
+	backend etcdstore.Listing // what the backend holds at kr.Revision, with revisions
+	// names of the keys the comparison must take from the snapshot, and
+	// fetch
+	wantHave, wantNeed []string
+}
+
+func epName(id registry.EndpointID) string { return id.Service + "/" + id.IP }
+
+func newDigestFixture(t *testing.T) digestFixture {
+	t.Helper()
+	same := mkEP(t, "web", "10.0.0.1")    // unchanged: have
+	updated := mkEP(t, "web", "10.0.0.2") // updated at 12: need
+	updatedNew := mkEP(t, "web", "10.0.0.2", draining)
+	deleted := mkEP(t, "web", "10.0.0.3") // deleted at 13: neither
+	unknown := mkEP(t, "db", "10.0.1.1")  // listed without a revision: need
+	local := mkEP(t, "db", "10.0.1.2")    // re-registered locally, pending: need
+	localNew := mkEP(t, "db", "10.0.1.2", weight(7))
+	flushed := mkEP(t, "db", "10.0.1.3", weight(2)) // registered locally, landed at 14: have
+	added := mkEP(t, "auth", "10.0.2.1")            // added at 15 by another writer: need
+	sameAttrs := mkEP(t, "auth", "10.0.2.2")        // rewritten at 16 with the same attributes: need
+	nSame := &registryv1.Node{Name: "n1", Region: "r", Cluster: "c", Zone: "z1"}
+	nUpdated := &registryv1.Node{Name: "n2", Region: "r", Cluster: "c", Zone: "z1"}
+	nUpdatedNew := &registryv1.Node{Name: "n2", Region: "r", Cluster: "c", Zone: "z2"}
+	nDeleted := &registryv1.Node{Name: "n3", Region: "r", Cluster: "c"}
+	nAdded := &registryv1.Node{Name: "n4", Region: "r", Cluster: "c"}
+
+	s := newState("e", 100, 100)
+	s.applyListing(etcdstore.Listing{
+		Revision: 10,
+		// unknown is last, past the end of EndpointRevs: not known.
+		Endpoints:    []*registryv1.ServiceEndpoint{clone(same), clone(updated), clone(deleted), clone(local), clone(sameAttrs), clone(unknown)},
+		EndpointRevs: []int64{3, 4, 5, 6, 7},
+		Nodes:        []*registryv1.Node{nSame, nUpdated, nDeleted},
+		NodeRevs:     []int64{2, 8, 9},
+	})
+	// flushed is registered here and lands at 14; localNew is then
+	// registered and still pending.
+	mustRegister(t, s, clone(flushed))
+	s.batchDone(mustTake(t, s), 14)
+	mustRegister(t, s, clone(localNew))
+
+	// The backend at 20: the local pending write has not landed, so the
+	// backend still has local's listed value (at 6).
+	backend := etcdstore.Listing{
+		Revision:     20,
+		Endpoints:    []*registryv1.ServiceEndpoint{clone(same), clone(updatedNew), clone(unknown), clone(local), clone(flushed), clone(added), clone(sameAttrs)},
+		EndpointRevs: []int64{3, 12, 1, 6, 14, 15, 16},
+		Nodes:        []*registryv1.Node{nSame, nUpdatedNew, nAdded},
+		NodeRevs:     []int64{2, 17, 18},
+	}
+	kr := etcdstore.KeyRevisions{Revision: 20}
+	for i, ep := range backend.Endpoints {
+		kr.Endpoints = append(kr.Endpoints, etcdstore.EndpointRevision{ID: registry.IDOf(ep), ModRevision: backend.EndpointRevs[i]})
+	}
+	for i, n := range backend.Nodes {
+		kr.Nodes = append(kr.Nodes, etcdstore.NodeRevision{ID: registry.NodeIDOf(n), ModRevision: backend.NodeRevs[i]})
+	}
+	return digestFixture{
+		s: s, kr: kr, backend: backend,
+		wantHave: []string{"web/10.0.0.1", "db/10.0.1.3", "node n1"},
+		wantNeed: []string{"web/10.0.0.2", "db/10.0.1.1", "db/10.0.1.2", "auth/10.0.2.1", "auth/10.0.2.2", "node n2", "node n4"},
+	}
+}
+
+// planNames renders a plan's have and need keys, in plan order.
+func planNames(p *digestPlan) (have, need []string) {
+	for _, ep := range p.have.Endpoints {
+		have = append(have, epName(registry.IDOf(ep)))
+	}
+	for _, n := range p.have.Nodes {
+		have = append(have, "node "+n.Name)
+	}
+	for _, id := range p.needEPs {
+		need = append(need, epName(id))
+	}
+	for _, id := range p.needNode {
+		need = append(need, "node "+id.Name)
+	}
+	return have, need
+}
+
+// fetchAt is GetAt over a listing: the values of the needed keys, with
+// their revisions.
+func fetchAt(l etcdstore.Listing, eps []registry.EndpointID, nodes []registry.NodeID) etcdstore.Listing {
+	f := etcdstore.Listing{Revision: l.Revision}
+	for i, ep := range l.Endpoints {
+		if slices.Contains(eps, registry.IDOf(ep)) {
+			f.Endpoints = append(f.Endpoints, clone(ep))
+			f.EndpointRevs = append(f.EndpointRevs, l.EndpointRevs[i])
+		}
+	}
+	for i, n := range l.Nodes {
+		if slices.Contains(nodes, registry.NodeIDOf(n)) {
+			f.Nodes = append(f.Nodes, proto.Clone(n).(*registryv1.Node))
+			f.NodeRevs = append(f.NodeRevs, l.NodeRevs[i])
+		}
+	}
+	return f
+}
+
+func TestDigestCompareClassifies(t *testing.T) {
+	fx := newDigestFixture(t)
+	p := newDigestPlan(fx.kr)
+	if !fx.s.compareDigest(p, math.MaxInt) {
+		t.Fatal("compare not done in one unbounded step")
+	}
+	have, need := planNames(p)
+	if !eq(have, fx.wantHave) || !eq(need, fx.wantNeed) {
+		t.Fatalf("have %v need %v;\nwant have %v need %v", have, need, fx.wantHave, fx.wantNeed)
+	}
+	if p.needs() != len(fx.wantNeed) {
+		t.Errorf("needs() = %d, want %d", p.needs(), len(fx.wantNeed))
+	}
+	// What is taken from the snapshot carries the listed revisions and
+	// the snapshot's own values.
+	if !slices.Equal(p.have.EndpointRevs, []int64{3, 14}) || !slices.Equal(p.have.NodeRevs, []int64{2}) || p.have.Revision != 20 {
+		t.Errorf("have revisions %v %v at %d", p.have.EndpointRevs, p.have.NodeRevs, p.have.Revision)
+	}
+	for _, ep := range p.have.Endpoints {
+		if fx.s.get(registry.IDOf(ep)) != ep {
+			t.Errorf("have %s is not the snapshot's value", epName(registry.IDOf(ep)))
+		}
+	}
+
+	// In small steps: the same plan, one endpoint per step.
+	for _, budget := range []int{1, 2, 3} {
+		p := newDigestPlan(fx.kr)
+		steps := 1
+		for !fx.s.compareDigest(p, budget) {
+			steps++
+			if steps > 100 {
+				t.Fatal("compare never done")
+			}
+		}
+		if want := (len(fx.kr.Endpoints) + budget - 1) / budget; steps != want {
+			t.Errorf("budget %d: %d steps, want %d", budget, steps, want)
+		}
+		h, n := planNames(p)
+		if !eq(h, have) || !eq(n, need) || !slices.Equal(p.have.EndpointRevs, []int64{3, 14}) {
+			t.Errorf("budget %d: have %v need %v, want %v %v", budget, h, n, have, need)
+		}
+	}
+
+	// Nothing needed when the snapshot is exactly the backend.
+	s := newState("e", 100, 100)
+	s.applyListing(fx.backend)
+	p = newDigestPlan(fx.kr)
+	s.compareDigest(p, math.MaxInt)
+	if p.needs() != 0 || len(p.have.Endpoints) != len(fx.kr.Endpoints) || len(p.have.Nodes) != len(fx.kr.Nodes) {
+		t.Errorf("snapshot equal to the backend: need %d, have %d+%d", p.needs(), len(p.have.Endpoints), len(p.have.Nodes))
+	}
+}
+
+// A plan's values, merged with the fetched ones and applied as a listing,
+// repair the snapshot to exactly the backend, with one event per change,
+// and leave it knowing every revision.
+func TestDigestMergeRepairs(t *testing.T) {
+	fx := newDigestFixture(t)
+	s := fx.s
+	p := newDigestPlan(fx.kr)
+	for !s.compareDigest(p, 2) {
+	}
+	f := fetchAt(fx.backend, p.needEPs, p.needNode)
+	if got := len(f.Endpoints) + len(f.Nodes); got != p.needs() {
+		t.Fatalf("fetched %d values, want %d", got, p.needs())
+	}
+	l := p.merge(f)
+	if l.Revision != 20 || len(l.Endpoints) != len(fx.kr.Endpoints) || len(l.EndpointRevs) != len(l.Endpoints) || len(l.Nodes) != len(fx.kr.Nodes) || len(l.NodeRevs) != len(l.Nodes) {
+		t.Fatalf("merged listing at %d: %d endpoints (%d revisions), %d nodes (%d revisions)",
+			l.Revision, len(l.Endpoints), len(l.EndpointRevs), len(l.Nodes), len(l.NodeRevs))
+	}
+	got := types(s.applyListing(l))
+	sort.Strings(got)
+	want := []string{"ENDPOINT_ADDED 10.0.2.1", "ENDPOINT_REMOVED 10.0.0.3", "ENDPOINT_UPDATED 10.0.0.2"}
+	if !eq(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	// The snapshot is the backend, except the pending local write, which
+	// wins.
+	for i, ep := range fx.backend.Endpoints {
+		id := registry.IDOf(ep)
+		stored := s.get(id)
+		if id.IP == "10.0.1.2" {
+			if stored == nil || stored.Weight != 7 {
+				t.Errorf("pending local write reverted: %v", stored)
+			}
+			if _, known := s.epRev[id]; known {
+				t.Errorf("pending local write has revision %d", s.epRev[id])
+			}
+			continue
+		}
+		if stored == nil || !registry.SameAttributes(stored, ep) {
+			t.Errorf("%s: stored %v, want %v", epName(id), stored, ep)
+		}
+		if s.epRev[id] != fx.backend.EndpointRevs[i] {
+			t.Errorf("%s: revision %d, want %d", epName(id), s.epRev[id], fx.backend.EndpointRevs[i])
+		}
+	}
+	if s.len() != len(fx.backend.Endpoints) {
+		t.Errorf("snapshot has %d endpoints, backend %d", s.len(), len(fx.backend.Endpoints))
+	}
+	if len(s.nodes) != len(fx.backend.Nodes) {
+		t.Errorf("snapshot has %d nodes, backend %d", len(s.nodes), len(fx.backend.Nodes))
+	}
+	for i, n := range fx.backend.Nodes {
+		id := registry.NodeIDOf(n)
+		if !proto.Equal(s.nodes[id], n) || s.nodeRev[id] != fx.backend.NodeRevs[i] {
+			t.Errorf("node %s: %v at %d, want %v at %d", id.Name, s.nodes[id], s.nodeRev[id], n, fx.backend.NodeRevs[i])
+		}
+	}
+	// The next comparison needs only the pending write's value.
+	p = newDigestPlan(fx.kr)
+	s.compareDigest(p, math.MaxInt)
+	if _, need := planNames(p); !eq(need, []string{"db/10.0.1.2"}) {
+		t.Errorf("after the repair the comparison needs %v, want only the pending write", need)
+	}
+}
+
+// Values taken from the snapshot may be stale by the time the merged
+// listing is applied; a local write or a watch change made after the
+// comparison must still win.
+func TestDigestHaveGoesStaleBeforeApply(t *testing.T) {
+	a, b := mkEP(t, "web", "10.0.0.1"), mkEP(t, "web", "10.0.0.2")
+	for _, tc := range []struct {
+		name  string
+		track bool
+		after func(t *testing.T, s *state) // between comparison and application
+		want  []string
+	}{{
+		name:  "a local register",
+		after: func(t *testing.T, s *state) { mustRegister(t, s, mkEP(t, "web", "10.0.0.1", draining)) },
+		want:  []string{"10.0.0.1/STATE_DRAINING", "10.0.0.2/STATE_SERVING"},
+	}, {
+		name: "a local register that landed",
+		after: func(t *testing.T, s *state) {
+			mustRegister(t, s, mkEP(t, "web", "10.0.0.1", draining))
+			s.batchDone(mustTake(t, s), 21)
+		},
+		want: []string{"10.0.0.1/STATE_DRAINING", "10.0.0.2/STATE_SERVING"},
+	}, {
+		name: "a local unregister",
+		after: func(t *testing.T, s *state) {
+			if _, err := s.unregister(registry.IDOf(a)); err != nil {
+				t.Fatal(err)
+			}
+		},
+		want: []string{"10.0.0.2/STATE_SERVING"},
+	}, {
+		name: "a watch change after the listing", track: true,
+		after: func(t *testing.T, s *state) {
+			s.applyWatch(etcdstore.WatchBatch{Revision: 22, Events: []etcdstore.Event{put(21, mkEP(t, "web", "10.0.0.1", draining)), del(22, b)}})
+		},
+		want: []string{"10.0.0.1/STATE_DRAINING"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newState("e", 100, 100)
+			s.applyListing(revListing(10, []*registryv1.ServiceEndpoint{clone(a), clone(b)}, []int64{3, 4}))
+			if tc.track {
+				s.trackForListing()
+			}
+			kr := etcdstore.KeyRevisions{Revision: 20, Endpoints: []etcdstore.EndpointRevision{{ID: registry.IDOf(a), ModRevision: 3}, {ID: registry.IDOf(b), ModRevision: 4}}}
+			p := newDigestPlan(kr)
+			s.compareDigest(p, math.MaxInt)
+			if p.needs() != 0 {
+				t.Fatalf("needs %d", p.needs())
+			}
+			tc.after(t, s)
+			s.applyListing(p.merge(etcdstore.Listing{Revision: 20}))
+			if got := snapshotIPs(s); !eq(got, tc.want) {
+				t.Fatalf("snapshot %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// The randomized model: a backend that keeps every key's history, writers
+// on both sides, a watch that lags, listings full and digested, all
+// interleaved at random. After every step each recorded revision must name
+// a write, in the backend's history, of exactly the value the snapshot
+// holds; and once everything settles a digest backstop must leave the
+// snapshot exactly the backend's, after which nothing needs fetching.
+
+type epWrite struct {
+	rev int64
+	ep  *registryv1.ServiceEndpoint // nil: deleted
+}
+
+type nodeWrite struct {
+	rev int64
+	n   *registryv1.Node // nil: deleted
+}
+
+type modelBackend struct {
+	rev    int64
+	eps    map[registry.EndpointID][]epWrite
+	nodes  map[registry.NodeID][]nodeWrite
+	watch  bool                   // record changes for a watch
+	unsent []etcdstore.WatchBatch // one per revision, not yet delivered
+}
+
+// epAt is id's value and mod revision as of rev (nil, 0: absent).
+func (b *modelBackend) epAt(id registry.EndpointID, rev int64) (*registryv1.ServiceEndpoint, int64) {
+	var cur epWrite
+	for _, w := range b.eps[id] {
+		if w.rev <= rev {
+			cur = w
+		}
+	}
+	if cur.ep == nil {
+		return nil, 0
+	}
+	return cur.ep, cur.rev
+}
+
+func (b *modelBackend) nodeAt(id registry.NodeID, rev int64) (*registryv1.Node, int64) {
+	var cur nodeWrite
+	for _, w := range b.nodes[id] {
+		if w.rev <= rev {
+			cur = w
+		}
+	}
+	if cur.n == nil {
+		return nil, 0
+	}
+	return cur.n, cur.rev
+}
+
+// commit ends a transaction: etcd moves to a new revision only when the
+// transaction changed something.
+func (b *modelBackend) commit(batch etcdstore.WatchBatch) int64 {
+	if len(batch.Events)+len(batch.Nodes) == 0 {
+		return b.rev
+	}
+	b.rev++
+	batch.Revision = b.rev
+	if b.watch {
+		b.unsent = append(b.unsent, batch)
+	}
+	return b.rev
+}
+
+// apply writes muts in one transaction, as Store.Apply does for a batch
+// within MaxTxnOps.
+func (b *modelBackend) apply(muts []etcdstore.Mutation) int64 {
+	var batch etcdstore.WatchBatch
+	for _, m := range muts {
+		if cur, _ := b.epAt(m.ID, b.rev); cur == nil && m.Endpoint == nil {
+			continue // deleting nothing changes nothing
+		}
+		ev := etcdstore.Event{ID: m.ID, Revision: b.rev + 1}
+		var v *registryv1.ServiceEndpoint
+		if m.Endpoint != nil {
+			v = clone(m.Endpoint)
+			ev.Endpoint = clone(v)
+		}
+		b.eps[m.ID] = append(b.eps[m.ID], epWrite{b.rev + 1, v})
+		batch.Events = append(batch.Events, ev)
+	}
+	return b.commit(batch)
+}
+
+// putNode writes (n) or deletes (id only) a node record.
+func (b *modelBackend) putNode(id registry.NodeID, n *registryv1.Node) int64 {
+	if cur, _ := b.nodeAt(id, b.rev); cur == nil && n == nil {
+		return b.commit(etcdstore.WatchBatch{})
+	}
+	ev := etcdstore.NodeEvent{ID: id, Revision: b.rev + 1}
+	var v *registryv1.Node
+	if n != nil {
+		v = proto.Clone(n).(*registryv1.Node)
+		ev.Node = proto.Clone(n).(*registryv1.Node)
+	}
+	b.nodes[id] = append(b.nodes[id], nodeWrite{b.rev + 1, v})
+	return b.commit(etcdstore.WatchBatch{Nodes: []etcdstore.NodeEvent{ev}})
+}
+
+func sortedKeys[K comparable, V any](m map[K]V, key func(K) string) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool { return key(out[i]) < key(out[j]) })
+	return out
+}
+
+func epKey(id registry.EndpointID) string { k, _ := id.Key(); return k }
+func nodeKey(id registry.NodeID) string   { k, _ := id.Key(); return k }
+
+// listAt is List at rev (as Store.List, with revisions).
+func (b *modelBackend) listAt(rev int64) etcdstore.Listing {
+	l := etcdstore.Listing{Revision: rev}
+	for _, id := range sortedKeys(b.eps, epKey) {
+		if ep, r := b.epAt(id, rev); ep != nil {
+			l.Endpoints = append(l.Endpoints, clone(ep))
+			l.EndpointRevs = append(l.EndpointRevs, r)
+		}
+	}
+	for _, id := range sortedKeys(b.nodes, nodeKey) {
+		if n, r := b.nodeAt(id, rev); n != nil {
+			l.Nodes = append(l.Nodes, proto.Clone(n).(*registryv1.Node))
+			l.NodeRevs = append(l.NodeRevs, r)
+		}
+	}
+	return l
+}
+
+// keyRevisionsAt is ListRevisions at rev.
+func (b *modelBackend) keyRevisionsAt(rev int64) etcdstore.KeyRevisions {
+	l := b.listAt(rev)
+	kr := etcdstore.KeyRevisions{Revision: rev}
+	for i, ep := range l.Endpoints {
+		kr.Endpoints = append(kr.Endpoints, etcdstore.EndpointRevision{ID: registry.IDOf(ep), ModRevision: l.EndpointRevs[i]})
+	}
+	for i, n := range l.Nodes {
+		kr.Nodes = append(kr.Nodes, etcdstore.NodeRevision{ID: registry.NodeIDOf(n), ModRevision: l.NodeRevs[i]})
+	}
+	return kr
+}
+
+// getAt is GetAt at rev.
+func (b *modelBackend) getAt(rev int64, eps []registry.EndpointID, nodes []registry.NodeID) etcdstore.Listing {
+	l := etcdstore.Listing{Revision: rev}
+	for _, id := range eps {
+		if ep, r := b.epAt(id, rev); ep != nil {
+			l.Endpoints = append(l.Endpoints, clone(ep))
+			l.EndpointRevs = append(l.EndpointRevs, r)
+		}
+	}
+	for _, id := range nodes {
+		if n, r := b.nodeAt(id, rev); n != nil {
+			l.Nodes = append(l.Nodes, proto.Clone(n).(*registryv1.Node))
+			l.NodeRevs = append(l.NodeRevs, r)
+		}
+	}
+	return l
+}
+
+// modelListing is a listing on its way: read at rev, compared (digest)
+// in steps, then applied in steps.
+type modelListing struct {
+	tracked bool
+	rev     int64
+	plan    *digestPlan // digest: until compared
+	l       etcdstore.Listing
+	apply   *listingApply // once begun
+}
+
+type epRevModel struct {
+	t        *testing.T
+	name     string
+	rng      *rand.Rand
+	s        *state
+	b        *modelBackend
+	poll     bool
+	ids      []registry.EndpointID
+	nodeIDs  []registry.NodeID
+	inflight []etcdstore.Mutation
+	nodeOps  []func() // our node writes that landed, not yet recorded in the state
+	lst      *modelListing
+	step     int
+	log      []string
+	fetched  int // values the digest listings fetched
+	listed   int // keys they listed
+}
+
+func (m *epRevModel) logf(format string, args ...any) {
+	m.log = append(m.log, fmt.Sprintf("%d: ", m.step)+fmt.Sprintf(format, args...))
+	if len(m.log) > 60 {
+		m.log = m.log[1:]
+	}
+}
+
+func (m *epRevModel) fatalf(format string, args ...any) {
+	m.t.Helper()
+	m.t.Fatalf("%s, step %d: %s\nlast steps:\n%s", m.name, m.step, fmt.Sprintf(format, args...), joinLines(m.log))
+}
+
+func joinLines(lines []string) string {
+	out := ""
+	for _, l := range lines {
+		out += "  " + l + "\n"
+	}
+	return out
+}
+
+func (m *epRevModel) randomEP(id registry.EndpointID) *registryv1.ServiceEndpoint {
+	muts := []func(*registryv1.ServiceEndpoint){weight(uint32(1 + m.rng.Intn(3)))}
+	if m.rng.Intn(2) == 0 {
+		muts = append(muts, draining)
+	}
+	return mkEP(m.t, id.Service, id.IP, muts...)
+}
+
+func (m *epRevModel) randomNode(id registry.NodeID) *registryv1.Node {
+	return &registryv1.Node{Name: id.Name, Region: id.Region, Cluster: id.Cluster, Zone: fmt.Sprintf("z%d", m.rng.Intn(3))}
+}
+
+func describe(ep *registryv1.ServiceEndpoint) string {
+	if ep == nil {
+		return "<none>"
+	}
+	return fmt.Sprintf("%s/%s %s w%d", ep.Service, ep.Ip, ep.State, ep.Weight)
+}
+
+// check asserts the invariant the digest relies on.
+func (m *epRevModel) check() {
+	m.t.Helper()
+	for id, r := range m.s.epRev {
+		stored := m.s.get(id)
+		if stored == nil {
+			m.fatalf("%s has revision %d but no stored value", epName(id), r)
+		}
+		var written *registryv1.ServiceEndpoint
+		found := false
+		for _, w := range m.b.eps[id] {
+			if w.rev == r {
+				written, found = w.ep, true
+			}
+		}
+		if !found || written == nil || !registry.SameAttributes(stored, written) {
+			m.fatalf("%s: stored %s with revision %d, but the backend wrote %s there (found %v)", epName(id), describe(stored), r, describe(written), found)
+		}
+	}
+	for id, r := range m.s.nodeRev {
+		stored := m.s.nodes[id]
+		if stored == nil {
+			m.fatalf("node %s has revision %d but no record", id.Name, r)
+		}
+		var written *registryv1.Node
+		found := false
+		for _, w := range m.b.nodes[id] {
+			if w.rev == r {
+				written, found = w.n, true
+			}
+		}
+		if !found || !proto.Equal(stored, written) {
+			m.fatalf("node %s: stored %v with revision %d, but the backend wrote %v there (found %v)", id.Name, stored, r, written, found)
+		}
+	}
+}
+
+func (m *epRevModel) pickID() registry.EndpointID { return m.ids[m.rng.Intn(len(m.ids))] }
+
+// deliver hands the watch's next k batches to the state as one.
+func (m *epRevModel) deliver(k int) {
+	if m.poll || (m.lst != nil && !m.lst.tracked) {
+		return // no watch; or a foreground listing has it stopped
+	}
+	if len(m.b.unsent) == 0 {
+		m.logf("watch progress at %d", m.b.rev)
+		m.s.applyWatch(etcdstore.WatchBatch{Revision: m.b.rev})
+		return
+	}
+	k = min(k, len(m.b.unsent))
+	var b etcdstore.WatchBatch
+	for _, u := range m.b.unsent[:k] {
+		b.Events = append(b.Events, u.Events...)
+		b.Nodes = append(b.Nodes, u.Nodes...)
+		b.Revision = u.Revision
+	}
+	m.b.unsent = m.b.unsent[k:]
+	m.logf("watch delivers %d revisions up to %d", k, b.Revision)
+	m.s.applyWatch(b)
+}
+
+// startListing begins a backstop (digest) or full listing at the
+// backend's current revision.
+func (m *epRevModel) startListing(digest bool) {
+	tracked := !m.poll && m.rng.Intn(5) != 0
+	if tracked {
+		m.s.trackForListing()
+	}
+	m.lst = &modelListing{tracked: tracked, rev: m.b.rev}
+	if digest {
+		m.lst.plan = newDigestPlan(m.b.keyRevisionsAt(m.b.rev))
+	} else {
+		m.lst.l = m.b.listAt(m.b.rev)
+	}
+	m.logf("listing (digest %v, tracked %v) at %d", digest, tracked, m.b.rev)
+}
+
+// stepListing moves the listing on by one step; true when it is over.
+func (m *epRevModel) stepListing() bool {
+	l := m.lst
+	switch {
+	case l.plan != nil:
+		if !m.s.compareDigest(l.plan, 1+m.rng.Intn(3)) {
+			m.logf("listing: compare step")
+			return false
+		}
+		f := m.b.getAt(l.rev, l.plan.needEPs, l.plan.needNode)
+		if len(f.Endpoints)+len(f.Nodes) != l.plan.needs() {
+			m.fatalf("fetched %d of %d needed values at %d", len(f.Endpoints)+len(f.Nodes), l.plan.needs(), l.rev)
+		}
+		m.fetched += l.plan.needs()
+		m.listed += len(l.plan.kr.Endpoints) + len(l.plan.kr.Nodes)
+		m.logf("listing: compared, fetched %d of %d", l.plan.needs(), len(l.plan.kr.Endpoints)+len(l.plan.kr.Nodes))
+		l.l = l.plan.merge(f)
+		l.plan = nil
+		return false
+	case l.apply == nil:
+		l.apply = newListingApply(l.l)
+		if !m.s.beginListing(l.apply) {
+			m.s.untrack()
+			m.logf("listing at %d refused", l.rev)
+			m.endListing()
+			return true
+		}
+		m.logf("listing: begun")
+		return false
+	}
+	evs, done := m.s.stepListing(l.apply, 1+m.rng.Intn(2))
+	m.logf("listing: apply step, %d events", len(evs))
+	if done {
+		m.endListing()
+	}
+	return done
+}
+
+func (m *epRevModel) endListing() {
+	if !m.lst.tracked && !m.poll {
+		// The watch resumes after the foreground listing.
+		for len(m.b.unsent) > 0 && m.b.unsent[0].Revision <= m.lst.rev {
+			m.b.unsent = m.b.unsent[1:]
+		}
+	}
+	m.lst = nil
+}
+
+func (m *epRevModel) op() {
+	switch r := m.rng.Intn(100); {
+	case r < 18: // a client registers
+		ep := m.randomEP(m.pickID())
+		_, ev, err := m.s.register(ep, t0)
+		if err != nil {
+			m.fatalf("register: %v", err)
+		}
+		m.logf("register %s (changed %v)", describe(ep), ev != nil)
+	case r < 24: // a client unregisters
+		id := m.pickID()
+		_, err := m.s.unregister(id)
+		m.logf("unregister %s (%v)", epName(id), err)
+	case r < 34: // the flusher takes a batch
+		if m.inflight == nil {
+			m.inflight = m.s.takeBatch(1 + m.rng.Intn(3))
+			m.logf("take %d", len(m.inflight))
+			if len(m.inflight) == 0 {
+				m.inflight = nil
+			}
+		}
+	case r < 44: // the batch completes
+		if m.inflight == nil {
+			return
+		}
+		switch k := m.rng.Intn(10); {
+		case k < 7:
+			rev := m.b.apply(m.inflight)
+			m.logf("batch of %d landed at %d", len(m.inflight), rev)
+			m.s.batchDone(m.inflight, rev)
+		case k < 9:
+			m.logf("batch of %d failed", len(m.inflight))
+			m.s.batchFailed(m.inflight)
+		default: // landed, but the answer was lost
+			rev := m.b.apply(m.inflight)
+			m.logf("batch of %d landed at %d, reported failed", len(m.inflight), rev)
+			m.s.batchFailed(m.inflight)
+		}
+		m.inflight = nil
+	case r < 58: // another writer
+		ids := []registry.EndpointID{m.pickID()}
+		if other := m.pickID(); other != ids[0] && m.rng.Intn(3) == 0 {
+			ids = append(ids, other)
+		}
+		var muts []etcdstore.Mutation
+		for _, id := range ids {
+			mut := etcdstore.Mutation{ID: id}
+			if m.rng.Intn(4) != 0 {
+				mut.Endpoint = m.randomEP(id)
+			}
+			muts = append(muts, mut)
+		}
+		rev := m.b.apply(muts)
+		m.logf("another writer: %d keys at %d (%s...)", len(muts), rev, describe(muts[0].Endpoint))
+	case r < 72: // the watch delivers
+		m.deliver(1 + m.rng.Intn(3))
+	case r < 78: // we announce or revoke a node
+		id := m.nodeIDs[m.rng.Intn(len(m.nodeIDs))]
+		var n *registryv1.Node
+		if m.rng.Intn(3) != 0 {
+			n = m.randomNode(id)
+		}
+		rev := m.b.putNode(id, n)
+		record := func() {
+			if n != nil {
+				m.s.nodePut(n, rev)
+			} else {
+				m.s.nodeGone(id, rev)
+			}
+		}
+		m.logf("our node %s put %v at %d", id.Name, n != nil, rev)
+		if m.rng.Intn(2) == 0 {
+			record()
+		} else {
+			m.nodeOps = append(m.nodeOps, record)
+		}
+	case r < 82: // our node write's answer arrives
+		if len(m.nodeOps) > 0 {
+			i := m.rng.Intn(len(m.nodeOps))
+			m.logf("our node write recorded")
+			m.nodeOps[i]()
+			m.nodeOps = slices.Delete(m.nodeOps, i, i+1)
+		}
+	case r < 86: // another writer's node record, or a lease lapsing
+		id := m.nodeIDs[m.rng.Intn(len(m.nodeIDs))]
+		var n *registryv1.Node
+		if m.rng.Intn(3) != 0 {
+			n = m.randomNode(id)
+		}
+		rev := m.b.putNode(id, n)
+		m.logf("another node write %s put %v at %d", id.Name, n != nil, rev)
+	default: // a listing starts or moves on
+		if m.lst == nil {
+			m.startListing(m.rng.Intn(3) != 0)
+		} else {
+			m.stepListing()
+		}
+	}
+}
+
+// settle lets everything in progress finish, then runs a digest backstop
+// with nothing else going on: the snapshot must then be exactly the
+// backend, and a second comparison must need nothing.
+func (m *epRevModel) settle() {
+	m.logf("settle")
+	for m.lst != nil {
+		m.stepListing()
+		m.check()
+	}
+	if m.inflight != nil {
+		m.s.batchDone(m.inflight, m.b.apply(m.inflight))
+		m.inflight = nil
+	}
+	for _, op := range m.nodeOps {
+		op()
+	}
+	m.nodeOps = nil
+	for {
+		b := m.s.takeBatch(100)
+		if len(b) == 0 {
+			break
+		}
+		m.s.batchDone(b, m.b.apply(b))
+	}
+	m.deliver(len(m.b.unsent))
+	m.check()
+	m.lst = &modelListing{rev: m.b.rev, plan: newDigestPlan(m.b.keyRevisionsAt(m.b.rev))}
+	for m.lst != nil {
+		m.stepListing()
+	}
+	m.check()
+	if d := m.s.queue.depth(); d != 0 {
+		m.fatalf("%d writes still queued", d)
+	}
+	for _, id := range m.ids {
+		want, _ := m.b.epAt(id, m.b.rev)
+		got := m.s.get(id)
+		if (want == nil) != (got == nil) || (want != nil && !registry.SameAttributes(got, want)) {
+			m.fatalf("after settling, %s is %s in the snapshot and %s in the backend", epName(id), describe(got), describe(want))
+		}
+	}
+	for _, id := range m.nodeIDs {
+		want, _ := m.b.nodeAt(id, m.b.rev)
+		if got := m.s.nodes[id]; !proto.Equal(got, want) {
+			m.fatalf("after settling, node %s is %v in the snapshot and %v in the backend", id.Name, got, want)
+		}
+	}
+	p := newDigestPlan(m.b.keyRevisionsAt(m.b.rev))
+	m.s.compareDigest(p, math.MaxInt)
+	if p.needs() != 0 {
+		_, need := planNames(p)
+		m.fatalf("after settling, a backstop would still fetch %v", need)
+	}
+}
+
+func TestEpRevRandomModel(t *testing.T) {
+	const steps = 4000
+	for _, poll := range []bool{false, true} {
+		for seed := int64(1); seed <= 3; seed++ {
+			name := fmt.Sprintf("poll=%v/seed=%d", poll, seed)
+			t.Run(name, func(t *testing.T) {
+				m := &epRevModel{
+					t: t, name: name, rng: rand.New(rand.NewSource(seed)), poll: poll,
+					s: newState("e", 1000, 1000),
+					b: &modelBackend{eps: map[registry.EndpointID][]epWrite{}, nodes: map[registry.NodeID][]nodeWrite{}, watch: !poll},
+				}
+				for _, svc := range []string{"web", "db"} {
+					for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
+						m.ids = append(m.ids, registry.IDOf(mkEP(t, svc, ip)))
+					}
+				}
+				for _, name := range []string{"n1", "n2"} {
+					m.nodeIDs = append(m.nodeIDs, registry.NodeID{Region: "r", Cluster: "c", Name: name})
+				}
+				// The registry at start-up.
+				for _, id := range m.ids[:4] {
+					m.b.apply([]etcdstore.Mutation{{ID: id, Endpoint: m.randomEP(id)}})
+				}
+				m.b.putNode(m.nodeIDs[0], m.randomNode(m.nodeIDs[0]))
+				m.b.unsent = nil
+				m.s.applyListing(m.b.listAt(m.b.rev))
+				m.check()
+				for m.step = 1; m.step <= steps; m.step++ {
+					m.op()
+					m.check()
+					if m.step%500 == 0 {
+						m.settle()
+					}
+				}
+				m.settle()
+				// The model must have exercised what it is about.
+				if len(m.s.epRev) == 0 || m.b.rev < steps/10 || m.listed == 0 || m.fetched == 0 || m.fetched >= m.listed {
+					t.Fatalf("degenerate run: %d revisions recorded, backend at %d, digests fetched %d of %d", len(m.s.epRev), m.b.rev, m.fetched, m.listed)
+				}
+				t.Logf("backend at revision %d; digest listings fetched %d of %d values", m.b.rev, m.fetched, m.listed)
+			})
+		}
+	}
+}
