@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	"github.com/aethermesh/aether/client"
 )
 
 // The fanout scenario: simulated agents, N WatchEndpoints streams over M
@@ -280,7 +281,8 @@ func newRegWorld(ctx context.Context, wl *fanWorkload, b bins, conns int, batch 
 		}
 	}
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		// The agents' connections are set up as the client library's.
+		return grpc.NewClient(addr, append(client.FlowControl(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	}
 	for i := range conns {
 		r := i % 2

@@ -143,7 +143,9 @@ type CompareMode struct {
 }
 
 // Compare runs the ladder: at each load, each mode in a fresh world. Once
-// etcd-direct fails a load, larger loads are not tried (for any mode).
+// etcd-direct fails a load, larger loads are not tried (for any mode); once
+// another mode fails one, it is not tried at larger loads (it is reported
+// as not surviving them).
 func Compare(ctx context.Context, cfg CompareConfig, exe string, w io.Writer) (CompareResult, error) {
 	cfg = cfg.withDefaults()
 	res := CompareResult{Services: cfg.Services, Endpoints: cfg.Endpoints, Conns: cfg.Conns, MaxDeps: cfg.MaxDeps,
@@ -152,6 +154,7 @@ func Compare(ctx context.Context, cfg CompareConfig, exe string, w io.Writer) (C
 	if err != nil {
 		return res, err
 	}
+	failedAt := map[string]int{} // mode: the load it did not survive
 	for _, n := range cfg.Agents {
 		wl := newFanWorkload(cfg.Services, cfg.Endpoints, n, cfg.MaxDeps)
 		load := CompareLoad{Agents: n}
@@ -164,6 +167,12 @@ func Compare(ctx context.Context, cfg CompareConfig, exe string, w io.Writer) (C
 		for _, mode := range modes {
 			var m CompareMode
 			var err error
+			if at, failed := failedAt[mode]; failed {
+				m = CompareMode{Mode: mode, Why: fmt.Sprintf("not run: did not survive %d agents", at)}
+				fmt.Fprintf(w, "    %-11s %s\n", mode, m.Why)
+				load.Modes = append(load.Modes, m)
+				continue
+			}
 			switch mode {
 			case ModeRegistrar:
 				m, err = compareRegistrar(ctx, cfg, wl, b, mode, nil)
@@ -182,6 +191,9 @@ func Compare(ctx context.Context, cfg CompareConfig, exe string, w io.Writer) (C
 				fmt.Fprintf(w, "    %-11s (same replica: %s)\n", "", m.SameReplica)
 			}
 			fmt.Fprintf(w, "    %-11s etcd RSS %.0f → %.0f MB, CPU %.1f s; %d etcd watches%s\n", "", m.EtcdBaseRSSMB, m.EtcdPeakRSSMB, m.EtcdCPU, m.EtcdWatchers, survivalNote(m))
+			if !m.Survived {
+				failedAt[mode] = n
+			}
 			load.Modes = append(load.Modes, m)
 		}
 		res.Loads = append(res.Loads, load)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -182,7 +183,7 @@ func TestBackstopDigestPollFetchesOnlyChangedValues(t *testing.T) {
 	waitFor(t, "the watcher sees the three changes", 5*time.Second, func() bool { return len(w.changes()) >= len(want) })
 	got := w.changes()
 	sort.Strings(got)
-	if !equalStrings(got, want) {
+	if !slices.Equal(got, want) {
 		t.Fatalf("watcher saw %v, want exactly %v", got, want)
 	}
 	// The update's and the add's values are fetched; the delete shows as
@@ -276,18 +277,6 @@ func TestBackstopDigestPollFullListingFallback(t *testing.T) {
 	if d := b.diff(s.Registrar()); d != "" {
 		t.Fatalf("after further backstops the snapshot differs: %s", d)
 	}
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // The registrar's own writes need no fetching either: a flush records the
