@@ -213,7 +213,21 @@ func TestAgentSIGTERMDrainsThenDeregistersAndFileChanges(t *testing.T) {
 		_, added := l["web 10.2.0.3"]
 		return added && !gone
 	})
-	if !seen("ENDPOINT_UPDATED 10.2.0.2 STATE_DRAINING") || !seen("ENDPOINT_REMOVED 10.2.0.2 STATE_DRAINING") {
+	// List answers from the snapshot at once; the watch's copy of the
+	// removal may still be on its way.
+	waitFor(t, "the removal on the watch", func() bool { return seen("ENDPOINT_REMOVED 10.2.0.2 STATE_DRAINING") })
+	mu.Lock()
+	drained, removed := -1, -1
+	for i, e := range events {
+		switch e {
+		case "ENDPOINT_UPDATED 10.2.0.2 STATE_DRAINING":
+			drained = i
+		case "ENDPOINT_REMOVED 10.2.0.2 STATE_DRAINING":
+			removed = i
+		}
+	}
+	mu.Unlock()
+	if drained < 0 || drained > removed {
 		t.Fatalf("dropped endpoint was not drained before removal: %v", events)
 	}
 

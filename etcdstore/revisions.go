@@ -2,9 +2,13 @@ package etcdstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/aethermesh/aether/registry"
 )
@@ -53,6 +57,72 @@ func (s *Store) ListRevisions(ctx context.Context) (KeyRevisions, error) {
 }
 
 func (s *Store) listRevisionsOnce(ctx context.Context) (KeyRevisions, error) {
+	if !s.noRangeStream.Load() {
+		kr, err := s.listRevisionsStreamed(ctx)
+		if status.Code(err) != codes.Unimplemented {
+			return kr, err
+		}
+		// An etcd before 3.7 has no RangeStream: page instead, from now on.
+		s.noRangeStream.Store(true)
+		s.log.Info("etcd has no RangeStream (before v3.7); keys-only listings are paged")
+	}
+	return s.listRevisionsPaged(ctx)
+}
+
+// add files one key of a keys-only listing.
+func (kr *KeyRevisions) add(kv *mvccpb.KeyValue) {
+	key := string(kv.Key)
+	// Endpoint keys first: they are nearly all of them. (A node name
+	// cannot contain "/", so no key is both.)
+	switch {
+	case registry.IsEndpointKey(key):
+		if id, err := registry.ParseEndpointKey(key); err == nil {
+			kr.Endpoints = append(kr.Endpoints, EndpointRevision{id, kv.ModRevision})
+		}
+	case registry.IsNodeKey(key):
+		if id, err := registry.ParseNodeKey(key); err == nil {
+			kr.Nodes = append(kr.Nodes, NodeRevision{id, kv.ModRevision})
+		}
+	}
+}
+
+// listRevisionsStreamed reads the keys with etcd's RangeStream (v3.7):
+// etcd reads them in chunks, each under a short hold of its index lock,
+// and counts nothing. A paged Range makes etcd count every key after each
+// page while holding that lock, and every write etcd applies meanwhile
+// waits for it: at 100k keys that held other replicas' writes back by a
+// hundred milliseconds and more, every --sync-interval on every replica.
+func (s *Store) listRevisionsStreamed(ctx context.Context) (KeyRevisions, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch, err := s.cli.GetStream(ctx, registry.Root, clientv3.WithRange(clientv3.GetPrefixRangeEnd(registry.Root)), clientv3.WithKeysOnly())
+	if err != nil {
+		return KeyRevisions{}, fmt.Errorf("etcd keys-only stream: %w", err)
+	}
+	var kr KeyRevisions
+	for resp := range ch {
+		if err := resp.Err(); err != nil {
+			cancel()
+			for range ch { // the stream's goroutine ends once drained
+			}
+			return KeyRevisions{}, fmt.Errorf("etcd keys-only stream: %w", err)
+		}
+		for _, kv := range resp.Kvs {
+			kr.add(kv)
+		}
+		if h := resp.Header; h != nil { // the last chunk
+			kr.Revision = h.GetRevision()
+		}
+	}
+	if kr.Revision == 0 {
+		return KeyRevisions{}, errors.New("etcd keys-only stream ended without its final chunk")
+	}
+	return kr, nil
+}
+
+// listRevisionsPaged reads the keys with paged Ranges, for etcd before
+// v3.7.
+func (s *Store) listRevisionsPaged(ctx context.Context) (KeyRevisions, error) {
 	var (
 		kr   KeyRevisions
 		end  = clientv3.GetPrefixRangeEnd(registry.Root)
@@ -73,19 +143,7 @@ func (s *Store) listRevisionsOnce(ctx context.Context) (KeyRevisions, error) {
 			kr.Endpoints = make([]EndpointRevision, 0, resp.Count) // nearly all of them
 		}
 		for _, kv := range resp.Kvs {
-			key := string(kv.Key)
-			// Endpoint keys first: they are nearly all of them. (A node
-			// name cannot contain "/", so no key is both.)
-			switch {
-			case registry.IsEndpointKey(key):
-				if id, err := registry.ParseEndpointKey(key); err == nil {
-					kr.Endpoints = append(kr.Endpoints, EndpointRevision{id, kv.ModRevision})
-				}
-			case registry.IsNodeKey(key):
-				if id, err := registry.ParseNodeKey(key); err == nil {
-					kr.Nodes = append(kr.Nodes, NodeRevision{id, kv.ModRevision})
-				}
-			}
+			kr.add(kv)
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			break

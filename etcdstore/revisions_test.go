@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"reflect"
 	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -309,12 +313,15 @@ func TestListRevisionsListsEndpointAndNodeKeys(t *testing.T) {
 	}
 }
 
+// TestListRevisionsPagesAtOneRevision and TestListRevisionsOverCompaction
+// test the paged listing used on etcd before v3.7 (no RangeStream).
 func TestListRevisionsPagesAtOneRevision(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	raw := etcd.Client(t)
 	writer, _ := newStore(t, raw, Options{})
 	// A listing page of 3 makes a keys-only page of 30.
 	s, spy, _ := spiedStore(t, etcd, Options{PageSize: 3})
+	s.noRangeStream.Store(true) // the paged listing, as on etcd before v3.7
 	ctx := testCtx(t)
 
 	var eps []*registryv1.ServiceEndpoint
@@ -448,6 +455,7 @@ func TestListRevisionsOverCompaction(t *testing.T) {
 			etcd := etcdtest.Start(t)
 			raw := etcd.Client(t)
 			s, spy, logs := spiedStore(t, etcd, Options{PageSize: 3})
+			s.noRangeStream.Store(true) // paged, so compaction can overtake a page
 			ctx := testCtx(t)
 			var muts []Mutation
 			for i := range 40 {
@@ -867,5 +875,86 @@ func TestApplyEachReportsEachTxnsRevision(t *testing.T) {
 	last, err := s.Apply(context.Background(), muts[:1])
 	if err != nil || last <= revs[9] {
 		t.Fatalf("Apply = %d, %v; want the revision after %d", last, err, revs[9])
+	}
+}
+
+// oldEtcdKV answers RangeStream as an etcd before v3.7 does, and counts the
+// streams asked for; everything else goes to the real KV.
+type oldEtcdKV struct {
+	clientv3.KV
+	unimplemented bool
+	streams       atomic.Int32
+}
+
+func (k *oldEtcdKV) GetStream(ctx context.Context, key string, opts ...clientv3.OpOption) (clientv3.GetStreamChan, error) {
+	k.streams.Add(1)
+	if k.unimplemented {
+		return nil, status.Error(codes.Unimplemented, "unknown method RangeStream for service etcdserverpb.KV")
+	}
+	return k.KV.GetStream(ctx, key, opts...)
+}
+
+// The keys-only listing streams (etcd's RangeStream, no counting under
+// etcd's index lock), and lists exactly what the paged listing lists; on an
+// etcd without RangeStream it pages, and stops asking for streams.
+func TestListRevisionsStreamsAndFallsBackToPages(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	raw := etcd.Client(t)
+	writer, _ := newStore(t, raw, Options{})
+	ctx := testCtx(t)
+	var muts []Mutation
+	for i := range 3000 {
+		muts = append(muts, put(endpoint([]string{"api", "db", "web"}[i%3], i, 1)))
+	}
+	mustApply(t, writer, muts...)
+	for i := range 3 {
+		if _, err := writer.PutNode(ctx, &registryv1.Node{Name: fmt.Sprint("n", i), Region: "r1", Cluster: "c1"}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := raw.Put(ctx, registry.Root+"not-ours", "x"); err != nil {
+		t.Fatal(err)
+	}
+
+	paged, _ := newStore(t, etcd.Client(t), Options{PageSize: 7})
+	paged.noRangeStream.Store(true)
+	want, err := paged.ListRevisions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(want.Endpoints) != 3000 || len(want.Nodes) != 3 || want.Revision != currentRev(t, raw) {
+		t.Fatalf("paged listing: %d endpoints, %d nodes at %d", len(want.Endpoints), len(want.Nodes), want.Revision)
+	}
+
+	cli := etcd.Client(t)
+	kv := &oldEtcdKV{KV: cli.KV}
+	cli.KV = kv
+	s, _ := newStore(t, cli, Options{})
+	got, err := s.ListRevisions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kv.streams.Load() != 1 || s.noRangeStream.Load() {
+		t.Fatalf("%d streams asked for (fallback %v); want the listing streamed", kv.streams.Load(), s.noRangeStream.Load())
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("streamed listing differs from the paged one: %d endpoints, %d nodes at %d", len(got.Endpoints), len(got.Nodes), got.Revision)
+	}
+
+	// An etcd without RangeStream: the same listing, paged.
+	kv.unimplemented = true
+	s2, logs := newStore(t, cli, Options{})
+	got, err = s2.ListRevisions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) || !s2.noRangeStream.Load() || kv.streams.Load() != 2 {
+		t.Fatalf("fallback: equal %v, paged from now on %v, streams asked %d", reflect.DeepEqual(got, want), s2.noRangeStream.Load(), kv.streams.Load())
+	}
+	if !strings.Contains(logs.String(), "no RangeStream") {
+		t.Errorf("the fallback was not logged: %q", logs.String())
+	}
+	if _, err := s2.ListRevisions(ctx); err != nil || kv.streams.Load() != 2 {
+		t.Fatalf("after the fallback: %v, %d streams asked (want no more)", err, kv.streams.Load())
 	}
 }

@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -80,6 +81,10 @@ type Store struct {
 	// afterPage, if set, runs after each page of a listing is read. Tests
 	// use it to write or compact between pages deterministically.
 	afterPage func(ctx context.Context, page int)
+
+	// noRangeStream is set once etcd turned out to lack RangeStream
+	// (before v3.7), or by tests of the paged fallback.
+	noRangeStream atomic.Bool
 }
 
 // New returns a Store using cli. The caller keeps ownership of cli.

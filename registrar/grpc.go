@@ -31,11 +31,16 @@ type service struct {
 	r       *Registrar
 	g       *guard
 	streams *streamLimiter
+	// wire, when the server has wireCodec, shares each event's encoding
+	// among the streams it goes to (wire.go); nil sends plainly.
+	wire *wireCache
 }
 
 // RegisterGRPC registers the Registrar API on s.
-func (r *Registrar) RegisterGRPC(s grpc.ServiceRegistrar) {
-	registrarv1.RegisterRegistrarServer(s, &service{r: r, g: newGuard(r), streams: newStreamLimiter(r.opts.MaxStreamsPerIdentity, func() {
+func (r *Registrar) RegisterGRPC(s grpc.ServiceRegistrar) { r.registerGRPC(s, nil) }
+
+func (r *Registrar) registerGRPC(s grpc.ServiceRegistrar, wire *wireCache) {
+	registrarv1.RegisterRegistrarServer(s, &service{r: r, g: newGuard(r), wire: wire, streams: newStreamLimiter(r.opts.MaxStreamsPerIdentity, func() {
 		r.metrics.rejected.WithLabelValues("stream_limit").Inc()
 	})})
 }
@@ -272,7 +277,21 @@ func (s *service) start(req *registrarv1.WatchEndpointsRequest) (*subscription, 
 
 type sender interface {
 	Send(*registrarv1.EndpointEvent) error
+	SendMsg(m any) error
 	Context() context.Context
+}
+
+// sendEvent sends a published event, in its shared encoding when the
+// server has one.
+func (s *service) sendEvent(stream sender, ev *registrarv1.EndpointEvent) error {
+	if s.wire == nil {
+		return stream.Send(ev)
+	}
+	b, err := s.wire.encode(ev)
+	if err != nil {
+		return status.Error(codes.Internal, err.Error())
+	}
+	return stream.SendMsg(b)
 }
 
 func (s *service) serve(stream sender, sub *subscription, req *registrarv1.WatchEndpointsRequest) error {
@@ -335,7 +354,7 @@ func (s *service) serveUntil(stream sender, sub *subscription, req *registrarv1.
 						// Stored whole in the hub; chunked on the wire.
 						err = sendSnapshot(stream, ev.Type, ev.Services, ev.Endpoints, version{epoch: sub.at.epoch, seq: ev.Sequence})
 					} else {
-						err = stream.Send(ev)
+						err = s.sendEvent(stream, ev)
 					}
 					if err != nil {
 						sendErr <- err

@@ -216,13 +216,14 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 	}
 
 	s.grpc = grpc.NewServer(append(grpcCreds,
+		wireCodecOption(),
 		// gRPC refuses a larger request itself with RESOURCE_EXHAUSTED
 		// ("grpc: received message larger than max (N vs. M)").
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	)...)
-	s.reg.RegisterGRPC(s.grpc)
+	s.reg.registerGRPC(s.grpc, newWireCache())
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	go func() {
