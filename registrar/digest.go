@@ -47,10 +47,23 @@ type digestPlan struct {
 	have     etcdstore.Listing
 	needEPs  []registry.EndpointID
 	needNode []registry.NodeID
+	// listed counts each service's listed endpoints; dirty are the
+	// services where the snapshot may differ from the listing: a value
+	// to fetch, or a different number of endpoints (one the listing
+	// lacks). Every other service matched the listing exactly when
+	// compared, and applying the listing would change nothing there
+	// (later changes are tracked or guarded), so it need not be looked
+	// at again.
+	listed map[string]int
+	dirty  listingScope
 }
 
+// listingScope is the services a listing's application must reconcile;
+// nil for all of them.
+type listingScope map[string]bool
+
 func newDigestPlan(kr etcdstore.KeyRevisions) *digestPlan {
-	return &digestPlan{kr: kr, have: etcdstore.Listing{Revision: kr.Revision}}
+	return &digestPlan{kr: kr, have: etcdstore.Listing{Revision: kr.Revision}, listed: map[string]int{}, dirty: listingScope{}}
 }
 
 // compareDigest compares up to budget of the plan's endpoints with the
@@ -58,16 +71,25 @@ func newDigestPlan(kr etcdstore.KeyRevisions) *digestPlan {
 func (s *state) compareDigest(p *digestPlan, budget int) (done bool) {
 	end := min(len(p.kr.Endpoints), p.next+budget)
 	for _, e := range p.kr.Endpoints[p.next:end] {
+		p.listed[e.ID.Service]++
 		if ep := s.get(e.ID); ep != nil && s.epRev[e.ID] == e.ModRevision {
 			p.have.Endpoints = append(p.have.Endpoints, ep)
 			p.have.EndpointRevs = append(p.have.EndpointRevs, e.ModRevision)
 			continue
 		}
 		p.needEPs = append(p.needEPs, e.ID)
+		p.dirty[e.ID.Service] = true
 	}
 	p.next = end
 	if p.next < len(p.kr.Endpoints) {
 		return false
+	}
+	// Every listed endpoint of a clean service is in the snapshot, so the
+	// same count means the snapshot has no other.
+	for svc, m := range s.endpoints {
+		if len(m) != p.listed[svc] {
+			p.dirty[svc] = true
+		}
 	}
 	for _, n := range p.kr.Nodes {
 		if rec, ok := s.nodes[n.ID]; ok && s.nodeRev[n.ID] == n.ModRevision {
@@ -99,14 +121,14 @@ func (p *digestPlan) merge(f etcdstore.Listing) etcdstore.Listing {
 // when most of them are lacking (or the revision was compacted before they
 // could be read). With a watch running, call it with tracking started
 // (trackForListing).
-func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, error) {
+func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, listingScope, error) {
 	ctx, cancel := context.WithTimeout(ctx, max(r.opts.SyncInterval, 10*time.Second))
 	defer cancel()
 	start := time.Now()
 	kr, err := r.backend.ListRevisions(ctx)
 	if err != nil {
 		r.metrics.syncErrors.Inc()
-		return etcdstore.Listing{}, fmt.Errorf("keys-only listing: %w", err)
+		return etcdstore.Listing{}, nil, fmt.Errorf("keys-only listing: %w", err)
 	}
 	p := newDigestPlan(kr)
 	for done := false; !done; {
@@ -117,17 +139,25 @@ func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, error)
 	}
 	total := len(kr.Endpoints) + len(kr.Nodes)
 	if p.needs()*fullFetchRatio > total && p.needs() > fetchAlways {
-		return r.listFull(ctx, start)
+		l, err := r.listFull(ctx, start)
+		return l, nil, err
 	}
 	f, err := r.backend.GetAt(ctx, kr.Revision, p.needEPs, p.needNode)
 	if errors.Is(err, rpctypes.ErrCompacted) {
-		return r.listFull(ctx, start)
+		l, err := r.listFull(ctx, start)
+		return l, nil, err
 	}
 	if err != nil {
 		r.metrics.syncErrors.Inc()
-		return etcdstore.Listing{}, fmt.Errorf("reading %d changed values at revision %d: %w", p.needs(), kr.Revision, err)
+		return etcdstore.Listing{}, nil, fmt.Errorf("reading %d changed values at revision %d: %w", p.needs(), kr.Revision, err)
 	}
 	r.metrics.syncFetched.Add(float64(p.needs()))
 	r.metrics.syncDuration.Observe(time.Since(start).Seconds())
-	return p.merge(f), nil
+	return p.merge(f), p.dirty, nil
+}
+
+// listAll is a full listing, to be reconciled everywhere.
+func (r *Registrar) listAll(ctx context.Context) (etcdstore.Listing, listingScope, error) {
+	l, err := r.list(ctx)
+	return l, nil, err
 }

@@ -1223,3 +1223,86 @@ func TestEpRevRandomModel(t *testing.T) {
 		}
 	}
 }
+
+// A keys-only backstop reconciles only the services where the snapshot may
+// differ from the listing: a value to fetch, or endpoints the listing
+// lacks. The others matched exactly when compared, and are not looked at
+// again; the result is the backend either way.
+func TestDigestScopeSkipsCleanServices(t *testing.T) {
+	eps := map[string][]*registryv1.ServiceEndpoint{}
+	var start etcdstore.Listing
+	rev := int64(0)
+	for _, svc := range []string{"clean", "changed", "gone", "vanished"} {
+		for _, ip := range []string{"10.0.0.1", "10.0.0.2"} {
+			rev++
+			ep := mkEP(t, svc, ip)
+			eps[svc] = append(eps[svc], ep)
+			start.Endpoints = append(start.Endpoints, ep)
+			start.EndpointRevs = append(start.EndpointRevs, rev)
+		}
+	}
+	start.Revision = rev
+	s := newState("e", 100, 100)
+	s.applyListing(start)
+
+	// The backend at 20: changed's second endpoint rewritten, gone's
+	// second deleted, every endpoint of vanished deleted.
+	changed := mkEP(t, "changed", "10.0.0.2", draining)
+	backend := etcdstore.Listing{Revision: 20}
+	for i, ep := range start.Endpoints {
+		switch {
+		case ep.Service == "changed" && ep.Ip == "10.0.0.2":
+			backend.Endpoints = append(backend.Endpoints, changed)
+			backend.EndpointRevs = append(backend.EndpointRevs, 19)
+		case ep.Service == "gone" && ep.Ip == "10.0.0.2", ep.Service == "vanished":
+		default:
+			backend.Endpoints = append(backend.Endpoints, ep)
+			backend.EndpointRevs = append(backend.EndpointRevs, start.EndpointRevs[i])
+		}
+	}
+	kr := etcdstore.KeyRevisions{Revision: 20}
+	for i, ep := range backend.Endpoints {
+		kr.Endpoints = append(kr.Endpoints, etcdstore.EndpointRevision{ID: registry.IDOf(ep), ModRevision: backend.EndpointRevs[i]})
+	}
+
+	p := newDigestPlan(kr)
+	for !s.compareDigest(p, 3) {
+	}
+	var dirty []string
+	for svc := range p.dirty {
+		dirty = append(dirty, svc)
+	}
+	sort.Strings(dirty)
+	if want := []string{"changed", "gone", "vanished"}; !eq(dirty, want) {
+		t.Fatalf("dirty services %v, want %v", dirty, want)
+	}
+
+	a := newListingApply(p.merge(fetchAt(backend, p.needEPs, p.needNode)))
+	a.scope = p.dirty
+	if !s.beginListing(a) {
+		t.Fatal("listing ignored")
+	}
+	got := slices.Clone(a.services)
+	sort.Strings(got)
+	if !eq(got, dirty) {
+		t.Fatalf("reconciling services %v, want only the dirty %v", got, dirty)
+	}
+	var names []string
+	for done := false; !done; {
+		step, d := s.stepListing(a, 1)
+		names, done = append(names, types(step)...), d
+	}
+	sort.Strings(names)
+	if want := []string{"ENDPOINT_REMOVED 10.0.0.1", "ENDPOINT_REMOVED 10.0.0.2", "ENDPOINT_REMOVED 10.0.0.2", "ENDPOINT_UPDATED 10.0.0.2"}; !eq(names, want) {
+		t.Fatalf("events %v, want %v", names, want)
+	}
+	if s.len() != len(backend.Endpoints) || s.get(registry.IDOf(changed)).GetState() != registryv1.State_STATE_DRAINING {
+		t.Fatalf("snapshot of %d endpoints (backend %d), changed is %v", s.len(), len(backend.Endpoints), s.get(registry.IDOf(changed)))
+	}
+	// Nothing left to fetch or reconcile.
+	p = newDigestPlan(kr)
+	s.compareDigest(p, math.MaxInt)
+	if p.needs() != 0 || len(p.dirty) != 0 {
+		t.Fatalf("after the repair: %d to fetch, dirty %v", p.needs(), p.dirty)
+	}
+}

@@ -76,6 +76,7 @@ func (t *relistTrack) newerNode(id registry.NodeID, rev int64) bool {
 // listing's own events go out as they are found.
 type listingApply struct {
 	l         etcdstore.Listing
+	scope     listingScope // the services to reconcile; nil: all
 	track     *relistTrack
 	byService map[string][]listed
 	services  []string // the listing's services, then the snapshot's others
@@ -117,8 +118,17 @@ func (s *state) beginListing(a *listingApply) bool {
 	if a.l.Revision < s.backendRv && a.track == nil {
 		return false
 	}
+	if a.scope != nil {
+		in := a.services[:0]
+		for _, svc := range a.services {
+			if a.scope[svc] {
+				in = append(in, svc)
+			}
+		}
+		a.services = in
+	}
 	for svc := range s.endpoints {
-		if _, ok := a.byService[svc]; !ok {
+		if _, ok := a.byService[svc]; !ok && (a.scope == nil || a.scope[svc]) {
 			a.services = append(a.services, svc)
 		}
 	}

@@ -46,8 +46,9 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 		return done
 	}
 	// begin starts applying a listing; false if it is to be ignored.
-	begin := func(l etcdstore.Listing) *listingApply {
+	begin := func(l etcdstore.Listing, scope listingScope) *listingApply {
 		a := newListingApply(l)
+		a.scope = scope
 		r.mu.Lock()
 		ok := r.st.beginListing(a)
 		if !ok {
@@ -63,7 +64,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	// relist lists and applies in the foreground, with no watch running:
 	// every value after the watch lost its position, only changed ones
 	// (backstopList) for a poll.
-	relist := func(list func(context.Context) (etcdstore.Listing, error)) (int64, bool) {
+	relist := func(list func(context.Context) (etcdstore.Listing, listingScope, error)) (int64, bool) {
 		if wait := r.opts.SyncDebounce - time.Since(lastList); wait > 0 {
 			select {
 			case <-ctx.Done():
@@ -72,14 +73,14 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			}
 		}
 		lastList = time.Now()
-		l, err := list(ctx)
+		l, scope, err := list(ctx)
 		if err != nil {
 			if !isClosed(ctx, err) {
 				r.log.Warn("backend listing failed; serving the current snapshot", "err", err)
 			}
 			return 0, false
 		}
-		if a := begin(l); a != nil {
+		if a := begin(l, scope); a != nil {
 			for !step(a) {
 			}
 		}
@@ -123,7 +124,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			var rev int64
 			for {
 				var ok bool
-				if rev, ok = relist(r.list); ok || ctx.Err() != nil {
+				if rev, ok = relist(r.listAll); ok || ctx.Err() != nil {
 					break
 				}
 			}
@@ -168,6 +169,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	// on listed, then applied step by step (applying).
 	type listResult struct {
 		l          etcdstore.Listing
+		scope      listingScope
 		err        error
 		foreground int // foreground re-lists before it was read
 	}
@@ -212,8 +214,8 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			r.mu.Unlock()
 			listed = make(chan listResult, 1)
 			go func(out chan<- listResult, fg int) {
-				l, err := r.backstopList(ctx)
-				out <- listResult{l, err, fg}
+				l, scope, err := r.backstopList(ctx)
+				out <- listResult{l, scope, err, fg}
 			}(listed, foreground)
 		case res := <-listed:
 			listed = nil
@@ -229,7 +231,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 				}
 				continue
 			}
-			applying = begin(res.l)
+			applying = begin(res.l, res.scope)
 		}
 	}
 }
