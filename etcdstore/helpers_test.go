@@ -214,3 +214,20 @@ func checkStream(t *testing.T, bs []WatchBatch, afterRev int64) {
 		last = b.Revision
 	}
 }
+
+// putAndCompact writes endpoint i of svc (generation 1) and compacts
+// physically at that write's revision, as auto-compaction might in the
+// middle of a listing; it returns the revision, 0 after a failure
+// (reported).
+func putAndCompact(ctx context.Context, t *testing.T, cli *clientv3.Client, i int) int64 {
+	ep := endpoint("svc", i, 1)
+	resp, err := cli.Put(ctx, v1Key(ep), mustEncode(t, ep))
+	if err != nil {
+		t.Errorf("put: %v", err)
+		return 0
+	}
+	if _, err := cli.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Errorf("compact: %v", err)
+	}
+	return resp.Header.Revision
+}

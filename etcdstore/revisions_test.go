@@ -478,16 +478,7 @@ func TestListRevisionsOverCompaction(t *testing.T) {
 				if !tc.compact(attempt) {
 					return
 				}
-				ep := endpoint("svc", 100+attempt, 1)
-				r, err := raw.Put(ctx, v1Key(ep), mustEncode(t, ep))
-				if err != nil {
-					t.Errorf("put: %v", err)
-					return
-				}
-				compactedAt = r.Header.Revision
-				if _, err := raw.Compact(ctx, compactedAt, clientv3.WithCompactPhysical()); err != nil {
-					t.Errorf("compact: %v", err)
-				}
+				compactedAt = putAndCompact(ctx, t, raw, 100+attempt)
 			}
 			kr, err := s.ListRevisions(ctx)
 			gets, _ := spy.snapshot()

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/registry"
@@ -403,15 +401,7 @@ func TestListStartsOverWhenCompactedMidway(t *testing.T) {
 		if compactedAt != 0 || page != 1 {
 			return
 		}
-		resp, err := cli.Put(ctx, v1Key(endpoint("svc", 99, 1)), mustEncode(t, endpoint("svc", 99, 1)))
-		if err != nil {
-			t.Errorf("put: %v", err)
-			return
-		}
-		compactedAt = resp.Header.Revision
-		if _, err := cli.Compact(ctx, compactedAt, clientv3.WithCompactPhysical()); err != nil {
-			t.Errorf("compact: %v", err)
-		}
+		compactedAt = putAndCompact(ctx, t, cli, 99)
 	}
 	l, err := s.List(ctx)
 	if err != nil {
