@@ -387,8 +387,8 @@ func (c *Client) kick(ch chan struct{}) {
 // bandwidth-delay-product probing. A watch stream receives a steady
 // trickle of small messages; with probing, nearly every message received
 // answers with a BDP ping or a window update, which costs the agent and
-// the registrar a write and a read each (a quarter of a simulated agent
-// fleet's CPU in aether bench's fan-out). With fixed windows a window
+// the registrar a write and a read each (AETHER_BENCH_PROFILE shows it in
+// the fan-out scenario's load generator). With fixed windows a window
 // update goes out once per quarter window consumed. The windows bound what
 // a registrar may have in flight to a slow reader, not what is allocated.
 func FlowControl() []grpc.DialOption {

@@ -90,8 +90,7 @@ func (kr *KeyRevisions) add(kv *mvccpb.KeyValue) {
 // etcd reads them in chunks, each under a short hold of its index lock,
 // and counts nothing. A paged Range makes etcd count every key after each
 // page while holding that lock, and every write etcd applies meanwhile
-// waits for it: at 100k keys that held other replicas' writes back by a
-// hundred milliseconds and more, every --sync-interval on every replica.
+// waits for it, every --sync-interval on every replica.
 func (s *Store) listRevisionsStreamed(ctx context.Context) (KeyRevisions, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

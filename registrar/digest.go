@@ -15,8 +15,9 @@ import (
 // The backstop re-list reads the backend every --sync-interval to repair
 // whatever the watch missed. Reading every value each time costs the
 // registrar a decode of the whole registry and etcd a read of every value
-// from its backend (at 100k endpoints, over a second of CPU on each side,
-// every interval, on every replica). The snapshot knows the mod revision of
+// from its backend, every interval, on every replica: at 100k endpoints
+// the largest periodic cost of both in the fan-out scenario's profiles
+// (AETHER_BENCH_PROFILE). The snapshot knows the mod revision of
 // most values it holds (state.epRev), so the backstop asks etcd for keys and
 // mod revisions only (answered from etcd's in-memory index) and fetches the
 // values of just the keys whose revision differs or is not known: in steady

@@ -1,7 +1,6 @@
 package registrar_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -125,12 +124,7 @@ func waitLeader(t *testing.T, cl *etcdcluster.Cluster) int {
 // lists reports whether the registrar lists an endpoint with this IP.
 func lists(t *testing.T, c registrarv1.RegistrarClient, ip string) bool {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	l, err := c.ListAllEndpoints(ctx, &registrarv1.ListAllEndpointsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := listAllEndpoints(t, c)
 	for _, e := range l.Endpoints {
 		if e.Ip == ip {
 			return true

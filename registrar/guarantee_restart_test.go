@@ -117,7 +117,10 @@ func testRestart(t *testing.T, backend func(*registrar.Options)) {
 		}
 	}
 	h1.Acks = acks1
-	h2 := finalHistory(t, c, ref2, acks2, append(back, fresh...)...)
+	h2, vs := currentHistory(t, c, ref2, acks2, append(back, fresh...)...)
+	if len(vs) > 0 {
+		t.Fatalf("reference: %s", watchcheck.Summary(vs))
+	}
 	if h1.Epoch == h2.Epoch {
 		t.Fatalf("the restarted registrar kept epoch %s", h1.Epoch)
 	}
@@ -158,38 +161,6 @@ func testRestart(t *testing.T, backend func(*registrar.Options)) {
 	}
 	t.Logf("epoch %s: %d events, %d acks (%d answered after its streams ended); epoch %s starts from %d endpoints; %d streams came back",
 		h1.Epoch, len(h1.Events), len(acks1), late, h2.Epoch, len(h2.BaseState), len(back))
-}
-
-// finalHistory waits until ref and the live streams are current with the
-// registrar's listing and returns the history with it as Final.
-func finalHistory(t *testing.T, c registrarv1.RegistrarClient, ref *watchcheck.Recorder, acks []watchcheck.Ack, streams ...*watchcheck.Recorder) watchcheck.History {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	l, err := c.ListAllEndpoints(ctx, &registrarv1.ListAllEndpointsRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, final, err := watchcheck.ParseVersion(l.Version)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range append([]*watchcheck.Recorder{ref}, streams...) {
-		if done, _ := s.Ended(); done && s != ref {
-			continue
-		}
-		if !s.WaitCovered(final, 10*time.Second) {
-			got, _ := s.Covered()
-			_, err := s.Ended()
-			t.Fatalf("stream %s stuck at %d, want %d (%v)", s.Name, got, final, err)
-		}
-	}
-	h, vs := watchcheck.HistoryFrom(ref)
-	if len(vs) > 0 {
-		t.Fatalf("reference: %s", watchcheck.Summary(vs))
-	}
-	h.Acks, h.Final, h.FinalVersion = acks, l.Endpoints, l.Version
-	return h
 }
 
 // etcdDiff compares the endpoints stored in etcd with want.

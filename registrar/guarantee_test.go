@@ -136,11 +136,8 @@ func filteredStreams(t *testing.T, c registrarv1.RegistrarClient, prefix string)
 	}
 }
 
-// checkGuarantees waits until the reference and every live stream are current
-// with the registrar's listing, then checks them all. acks may be nil (writes
-// made on another replica have that replica's versions); batches lists
-// endpoint sets written atomically, each after the sequence given.
-func checkGuarantees(t *testing.T, c registrarv1.RegistrarClient, ref *watchcheck.Recorder, acks []watchcheck.Ack, batches []batchSpec, streams ...*watchcheck.Recorder) watchcheck.History {
+// listAllEndpoints is the registrar's whole listing.
+func listAllEndpoints(t *testing.T, c registrarv1.RegistrarClient) *registrarv1.ListAllEndpointsResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -148,25 +145,42 @@ func checkGuarantees(t *testing.T, c registrarv1.RegistrarClient, ref *watchchec
 	if err != nil {
 		t.Fatal(err)
 	}
+	return l
+}
+
+// currentHistory waits until the reference and every live stream are
+// current with the registrar's listing, and returns the reference's
+// history with that listing as Final, and what the reference's own
+// recording violated.
+func currentHistory(t *testing.T, c registrarv1.RegistrarClient, ref *watchcheck.Recorder, acks []watchcheck.Ack, streams ...*watchcheck.Recorder) (watchcheck.History, []watchcheck.Violation) {
+	t.Helper()
+	l := listAllEndpoints(t, c)
 	_, final, err := watchcheck.ParseVersion(l.Version)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !ref.WaitCovered(final, 10*time.Second) {
-		done, err := ref.Ended()
-		t.Fatalf("reference stream did not reach %d (ended %v: %v)", final, done, err)
-	}
-	for _, s := range streams {
-		if done, _ := s.Ended(); done {
+	for _, s := range append([]*watchcheck.Recorder{ref}, streams...) {
+		if done, _ := s.Ended(); done && s != ref {
 			continue // judged on what it got
 		}
 		if !s.WaitCovered(final, 10*time.Second) {
 			got, _ := s.Covered()
-			t.Fatalf("stream %s stuck at %d, want %d", s.Name, got, final)
+			done, err := s.Ended()
+			t.Fatalf("stream %s stuck at %d, want %d (ended %v: %v)", s.Name, got, final, done, err)
 		}
 	}
 	h, vs := watchcheck.HistoryFrom(ref)
 	h.Acks, h.Final, h.FinalVersion = acks, l.Endpoints, l.Version
+	return h, vs
+}
+
+// checkGuarantees waits until the reference and every live stream are current
+// with the registrar's listing, then checks them all. acks may be nil (writes
+// made on another replica have that replica's versions); batches lists
+// endpoint sets written atomically, each after the sequence given.
+func checkGuarantees(t *testing.T, c registrarv1.RegistrarClient, ref *watchcheck.Recorder, acks []watchcheck.Ack, batches []batchSpec, streams ...*watchcheck.Recorder) watchcheck.History {
+	t.Helper()
+	h, vs := currentHistory(t, c, ref, acks, streams...)
 	for _, b := range batches {
 		r, err := h.BatchOf(b.after, b.eps...)
 		if err != nil {

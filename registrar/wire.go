@@ -16,8 +16,7 @@ import (
 // One event goes to every stream watching its service: thousands of
 // streams for a popular one. The event is immutable once published, so its
 // wire encoding is computed once and the same bytes go to every stream,
-// instead of each stream's Send marshaling it again (at design scale that
-// was most of the marshaling the registrar did).
+// instead of each stream's Send marshaling it again.
 //
 // The streams send an encodedEvent with SendMsg; the server's codec (wireCodec)
 // passes its bytes through and marshals everything else as the standard
