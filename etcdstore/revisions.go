@@ -53,20 +53,82 @@ type NodeRevision struct {
 // ListRevisions returns the keys under registry.Root and their mod
 // revisions, at a single revision, without their values.
 func (s *Store) ListRevisions(ctx context.Context) (KeyRevisions, error) {
-	return overCompaction(ctx, s, registry.Root, func() (KeyRevisions, error) { return s.listRevisionsOnce(ctx) })
+	return s.ListRevisionsInParts(ctx, Parts{})
 }
 
-func (s *Store) listRevisionsOnce(ctx context.Context) (KeyRevisions, error) {
+// Parts splits a keys-only listing into reads of a key range each, so that
+// a large listing costs etcd and its reader a little at a time rather
+// than all at once: at 100k endpoints one read is a burst of CPU on both
+// that every other request on the machine queues behind.
+type Parts struct {
+	// Bounds are keys at which a new part starts, in increasing order.
+	// Any keys do: the parts cover all of registry.Root whatever they
+	// are, and only their sizes depend on them. Bounds out of order or
+	// outside registry.Root are ignored.
+	Bounds []string
+	// Between, if set, runs after each part but the last (a pause); an
+	// error from it ends the listing with that error.
+	Between func(context.Context) error
+	// Expect is about how many endpoint keys to expect (0: unknown).
+	Expect int
+}
+
+// ListRevisionsInParts is ListRevisions read in parts, all at the revision
+// of the first, so the result is the same as one read's.
+func (s *Store) ListRevisionsInParts(ctx context.Context, p Parts) (KeyRevisions, error) {
+	ranges := p.ranges()
+	return overCompaction(ctx, s, registry.Root, func() (KeyRevisions, error) {
+		kr := KeyRevisions{Endpoints: make([]EndpointRevision, 0, p.Expect)}
+		for i, r := range ranges {
+			if i > 0 && p.Between != nil {
+				if err := p.Between(ctx); err != nil {
+					return KeyRevisions{}, err
+				}
+			}
+			rev, err := s.listRevisionsRange(ctx, &kr, r[0], r[1])
+			if err != nil {
+				return KeyRevisions{}, err
+			}
+			if kr.Revision == 0 {
+				// The first part's: the later parts are read at it. (A
+				// stream's header gives etcd's current revision, not
+				// the one it was pinned to.)
+				kr.Revision = rev
+			}
+		}
+		return kr, nil
+	})
+}
+
+// ranges turns the bounds into key ranges [from, end) that cover
+// registry.Root.
+func (p Parts) ranges() [][2]string {
+	from, end := registry.Root, clientv3.GetPrefixRangeEnd(registry.Root)
+	var out [][2]string
+	for _, b := range p.Bounds {
+		if b <= from || b >= end {
+			continue
+		}
+		out = append(out, [2]string{from, b})
+		from = b
+	}
+	return append(out, [2]string{from, end})
+}
+
+// listRevisionsRange adds the keys in [from, end) to kr, read at
+// kr.Revision (or the current revision when that is 0), and returns the
+// revision read at.
+func (s *Store) listRevisionsRange(ctx context.Context, kr *KeyRevisions, from, end string) (int64, error) {
 	if !s.noRangeStream.Load() {
-		kr, err := s.listRevisionsStreamed(ctx)
+		rev, err := s.listRevisionsStreamed(ctx, kr, from, end)
 		if status.Code(err) != codes.Unimplemented {
-			return kr, err
+			return rev, err
 		}
 		// An etcd before 3.7 has no RangeStream: page instead, from now on.
 		s.noRangeStream.Store(true)
 		s.log.Info("etcd has no RangeStream (before v3.7); keys-only listings are paged")
 	}
-	return s.listRevisionsPaged(ctx)
+	return s.listRevisionsPaged(ctx, kr, from, end)
 }
 
 // add files one key of a keys-only listing.
@@ -91,65 +153,66 @@ func (kr *KeyRevisions) add(kv *mvccpb.KeyValue) {
 // and counts nothing. A paged Range makes etcd count every key after each
 // page while holding that lock, and every write etcd applies meanwhile
 // waits for it, every --sync-interval on every replica.
-func (s *Store) listRevisionsStreamed(ctx context.Context) (KeyRevisions, error) {
+func (s *Store) listRevisionsStreamed(ctx context.Context, kr *KeyRevisions, from, end string) (int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ch, err := s.cli.GetStream(ctx, registry.Root, clientv3.WithRange(clientv3.GetPrefixRangeEnd(registry.Root)), clientv3.WithKeysOnly())
-	if err != nil {
-		return KeyRevisions{}, fmt.Errorf("etcd keys-only stream: %w", err)
+	opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithKeysOnly()}
+	if kr.Revision != 0 {
+		opts = append(opts, clientv3.WithRev(kr.Revision))
 	}
-	var kr KeyRevisions
+	ch, err := s.cli.GetStream(ctx, from, opts...)
+	if err != nil {
+		return 0, fmt.Errorf("etcd keys-only stream from %q (at revision %d): %w", from, kr.Revision, err)
+	}
+	var rev int64
 	for resp := range ch {
 		if err := resp.Err(); err != nil {
 			cancel()
 			for range ch { // the stream's goroutine ends once drained
 			}
-			return KeyRevisions{}, fmt.Errorf("etcd keys-only stream: %w", err)
+			return 0, fmt.Errorf("etcd keys-only stream from %q (at revision %d): %w", from, kr.Revision, err)
 		}
 		for _, kv := range resp.Kvs {
 			kr.add(kv)
 		}
 		if h := resp.Header; h != nil { // the last chunk
-			kr.Revision = h.GetRevision()
+			rev = h.GetRevision()
 		}
 	}
-	if kr.Revision == 0 {
-		return KeyRevisions{}, errors.New("etcd keys-only stream ended without its final chunk")
+	if rev == 0 {
+		return 0, errors.New("etcd keys-only stream ended without its final chunk")
 	}
-	return kr, nil
+	return rev, nil
 }
 
 // listRevisionsPaged reads the keys with paged Ranges, for etcd before
 // v3.7.
-func (s *Store) listRevisionsPaged(ctx context.Context) (KeyRevisions, error) {
-	var (
-		kr   KeyRevisions
-		end  = clientv3.GetPrefixRangeEnd(registry.Root)
-		from = registry.Root
-	)
+func (s *Store) listRevisionsPaged(ctx context.Context, kr *KeyRevisions, from, end string) (int64, error) {
+	rev := kr.Revision
 	for page := 1; ; page++ {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithKeysOnly(),
 			clientv3.WithLimit(int64(s.pageSize * keysOnlyPageFactor))}
-		if kr.Revision != 0 {
-			opts = append(opts, clientv3.WithRev(kr.Revision))
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
 		}
 		resp, err := s.cli.Get(ctx, from, opts...)
 		if err != nil {
-			return KeyRevisions{}, fmt.Errorf("etcd keys-only list page %d (at revision %d): %w", page, kr.Revision, err)
+			return 0, fmt.Errorf("etcd keys-only list page %d from %q (at revision %d): %w", page, from, rev, err)
 		}
-		if kr.Revision == 0 {
-			kr.Revision = resp.Header.GetRevision()
-			kr.Endpoints = make([]EndpointRevision, 0, resp.Count) // nearly all of them
+		if rev == 0 {
+			rev = resp.Header.GetRevision()
+			if len(kr.Endpoints) == 0 && cap(kr.Endpoints) == 0 {
+				kr.Endpoints = make([]EndpointRevision, 0, resp.Count) // nearly all of them
+			}
 		}
 		for _, kv := range resp.Kvs {
 			kr.add(kv)
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
-			break
+			return rev, nil
 		}
 		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 	}
-	return kr, nil
 }
 
 // GetAt reads the values of the given endpoints and node records as they

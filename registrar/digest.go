@@ -8,6 +8,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/etcdstore"
 	"github.com/aethermesh/aether/registry"
 )
@@ -30,6 +31,15 @@ import (
 // had exactly that value at the listing's revision, and any later change to
 // it is either tracked (the watch) or guarded (a local write), and so is
 // left alone when the listing is applied.
+//
+// With a watch running the check is background work, and is spread over
+// half the interval (backstopPause): the keys are read in parts bounded by
+// keys of the last listing (etcdstore.Parts), all at one revision, and
+// compared a step at a time, with pauses in between. Done at once, the
+// check of 100k keys kept etcd and the registrar busy for a few hundred
+// milliseconds, and every stream's deliveries waited behind it: the
+// fan-out scenario's per-delivery logs showed the late deliveries
+// gathering in exactly those windows.
 
 // fullFetchRatio: when more than one key in this many needs its value, a
 // full listing is cheaper than fetching them a Txn at a time.
@@ -64,7 +74,10 @@ type digestPlan struct {
 type listingScope map[string]bool
 
 func newDigestPlan(kr etcdstore.KeyRevisions) *digestPlan {
-	return &digestPlan{kr: kr, have: etcdstore.Listing{Revision: kr.Revision}, listed: map[string]int{}, dirty: listingScope{}}
+	have := etcdstore.Listing{Revision: kr.Revision,
+		// Nearly every value is the snapshot's in steady state.
+		Endpoints: make([]*registryv1.ServiceEndpoint, 0, len(kr.Endpoints)), EndpointRevs: make([]int64, 0, len(kr.Endpoints))}
+	return &digestPlan{kr: kr, have: have, listed: map[string]int{}, dirty: listingScope{}}
 }
 
 // compareDigest compares up to budget of the plan's endpoints with the
@@ -126,17 +139,31 @@ func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, listin
 	ctx, cancel := context.WithTimeout(ctx, max(r.opts.SyncInterval, 10*time.Second))
 	defer cancel()
 	start := time.Now()
-	kr, err := r.backend.ListRevisions(ctx)
+	var bounds []string
+	if b := r.bounds.Load(); b != nil {
+		bounds = *b
+	}
+	r.mu.Lock()
+	expect := r.st.len()
+	r.mu.Unlock()
+	pause := r.backstopPause(len(bounds) + expect/listingStep)
+	kr, err := r.backend.ListRevisionsInParts(ctx, etcdstore.Parts{Bounds: bounds, Between: pause, Expect: expect})
 	if err != nil {
 		r.metrics.syncErrors.Inc()
 		return etcdstore.Listing{}, nil, fmt.Errorf("keys-only listing: %w", err)
 	}
+	r.bounds.Store(partBounds(kr))
 	p := newDigestPlan(kr)
 	for done := false; !done; {
 		// Steps, so that no lock hold is long (see listingStep).
 		r.mu.Lock()
-		done = r.st.compareDigest(p, 4*listingStep)
+		done = r.st.compareDigest(p, listingStep)
 		r.mu.Unlock()
+		if !done {
+			if err := pause(ctx); err != nil {
+				return etcdstore.Listing{}, nil, err
+			}
+		}
 	}
 	total := len(kr.Endpoints) + len(kr.Nodes)
 	if p.needs()*fullFetchRatio > total && p.needs() > fetchAlways {
@@ -155,6 +182,62 @@ func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, listin
 	r.metrics.syncFetched.Add(float64(p.needs()))
 	r.metrics.syncDuration.Observe(time.Since(start).Seconds())
 	return p.merge(f), p.dirty, nil
+}
+
+// backstopPartKeys is about how many keys one part of the backstop's
+// keys-only listing reads.
+const backstopPartKeys = 2 * listingStep
+
+// backstopSpread is the share of --sync-interval over which the backstop
+// spreads its work when a watch is running, and maxBackstopPause the
+// longest pause between two of its steps.
+const (
+	backstopSpread   = 2
+	maxBackstopPause = 100 * time.Millisecond
+)
+
+// backstopPause returns the pause between the backstop's steps (parts of
+// its listing, steps of its comparison), for about steps of them. With a
+// watch running the backstop is a check in the background, so its work is
+// spread over half the interval: done at once, a check of 100k keys is
+// a burst of CPU in etcd and here that every write and watch event queues
+// behind. Polling (SyncPoll) learns of every change this way, so it does
+// not wait.
+func (r *Registrar) backstopPause(steps int) func(context.Context) error {
+	d := backstopPauseFor(r.opts.SyncMode, r.opts.SyncInterval, steps)
+	return func(ctx context.Context) error {
+		if d <= 0 {
+			return ctx.Err()
+		}
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		}
+	}
+}
+
+// backstopPauseFor is the pause between steps (see backstopPause).
+func backstopPauseFor(mode string, interval time.Duration, steps int) time.Duration {
+	if mode == SyncPoll || steps <= 0 {
+		return 0
+	}
+	return min(interval/backstopSpread/time.Duration(steps), maxBackstopPause)
+}
+
+// partBounds picks the next listing's part bounds from this one: the key
+// of every backstopPartKeys-th endpoint.
+func partBounds(kr etcdstore.KeyRevisions) *[]string {
+	var out []string
+	for i := backstopPartKeys; i < len(kr.Endpoints); i += backstopPartKeys {
+		if k, err := kr.Endpoints[i].ID.Key(); err == nil {
+			out = append(out, k)
+		}
+	}
+	return &out
 }
 
 // listAll is a full listing, to be reconciled everywhere.

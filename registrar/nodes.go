@@ -191,30 +191,49 @@ func (r *Registrar) runSweep(ctx context.Context) {
 }
 
 // sweep removes the current ghosts through the ordinary unregister path, so
-// watchers see REMOVED and the deletes are persisted write-behind.
+// watchers see REMOVED and the deletes are persisted write-behind. It
+// looks at a few services per hold of the lock (about listingStep
+// endpoints): a walk of every endpoint in one hold would hold back every
+// write and watch event on a large registry, every --node-ttl/3.
 func (r *Registrar) sweep() int {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	ghosts := r.st.ghosts(r.opts.Region, r.opts.ClusterName, r.now(), r.opts.NodeTTL)
-	var evs []*registrarv1.EndpointEvent
-	for _, id := range ghosts {
-		node := r.st.get(id).GetNode()
-		ev, err := r.st.unregister(id)
-		if err != nil {
-			// The queue is full: the sweep tries again next round.
-			r.log.Warn("ghost sweep deferred", "endpoint", id.String(), "err", err)
-			break
-		}
-		r.log.Info("swept endpoint of a node whose lease lapsed", "endpoint", id.String(), "node", node)
-		evs = append(evs, ev)
+	services := make([]string, 0, len(r.st.endpoints))
+	for svc := range r.st.endpoints {
+		services = append(services, svc)
 	}
-	r.hub.publish(evs)
-	if len(evs) > 0 {
-		r.metrics.swept.Add(float64(len(evs)))
+	r.mu.Unlock()
+	swept, full := 0, false
+	for len(services) > 0 && !full {
+		r.mu.Lock()
+		n := 0
+		for seen := 0; n < len(services) && seen < listingStep; n++ {
+			seen += len(r.st.endpoints[services[n]])
+		}
+		ghosts := r.st.ghostsIn(services[:n], r.opts.Region, r.opts.ClusterName, r.now(), r.opts.NodeTTL)
+		services = services[n:]
+		var evs []*registrarv1.EndpointEvent
+		for _, id := range ghosts {
+			node := r.st.get(id).GetNode()
+			ev, err := r.st.unregister(id)
+			if err != nil {
+				// The queue is full: the sweep tries again next round.
+				r.log.Warn("ghost sweep deferred", "endpoint", id.String(), "err", err)
+				full = true
+				break
+			}
+			r.log.Info("swept endpoint of a node whose lease lapsed", "endpoint", id.String(), "node", node)
+			evs = append(evs, ev)
+		}
+		r.hub.publish(evs)
+		r.mu.Unlock()
+		swept += len(evs)
+	}
+	if swept > 0 {
+		r.metrics.swept.Add(float64(swept))
 		select {
 		case r.kick <- struct{}{}:
 		default:
 		}
 	}
-	return len(evs)
+	return swept
 }

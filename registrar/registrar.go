@@ -28,9 +28,10 @@ type Backend interface {
 	ApplyEach(ctx context.Context, muts []etcdstore.Mutation) ([]int64, error)
 	// List returns every endpoint and the revision the listing is at.
 	List(ctx context.Context) (etcdstore.Listing, error)
-	// ListRevisions and GetAt are the backstop's cheap listing: keys and
-	// mod revisions, then the values of some keys at that revision.
-	ListRevisions(ctx context.Context) (etcdstore.KeyRevisions, error)
+	// ListRevisionsInParts and GetAt are the backstop's cheap listing:
+	// keys and mod revisions (read in parts, paced by the caller), then
+	// the values of some keys at that revision.
+	ListRevisionsInParts(ctx context.Context, p etcdstore.Parts) (etcdstore.KeyRevisions, error)
 	GetAt(ctx context.Context, rev int64, eps []registry.EndpointID, nodes []registry.NodeID) (etcdstore.Listing, error)
 	// Watch streams changes after a revision, as etcdstore.Store.Watch.
 	Watch(ctx context.Context, afterRev int64) <-chan etcdstore.WatchBatch
@@ -66,6 +67,10 @@ type Registrar struct {
 	started   atomic.Bool
 	stop      context.CancelFunc
 	wg        sync.WaitGroup
+
+	// bounds are where the next backstop's parts start: keys spaced
+	// backstopPartKeys apart in the last keys-only listing.
+	bounds atomic.Pointer[[]string]
 }
 
 // New builds a registrar over a backend. Call Start to load the snapshot.

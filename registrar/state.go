@@ -324,9 +324,18 @@ func (s *state) nodeGone(id registry.NodeID, rev int64) {
 // being swept. Endpoints without a node are static and never swept; other
 // clusters' and regions' endpoints are never considered.
 func (s *state) ghosts(region, cluster string, now time.Time, grace time.Duration) []registry.EndpointID {
+	services := make([]string, 0, len(s.endpoints))
+	for svc := range s.endpoints {
+		services = append(services, svc)
+	}
+	return s.ghostsIn(services, region, cluster, now, grace)
+}
+
+// ghostsIn is ghosts among the endpoints of the given services.
+func (s *state) ghostsIn(services []string, region, cluster string, now time.Time, grace time.Duration) []registry.EndpointID {
 	var out []registry.EndpointID
-	for _, m := range s.endpoints {
-		for id, ep := range m {
+	for _, svc := range services {
+		for id, ep := range s.endpoints[svc] {
 			if id.Region != region || id.Cluster != cluster || ep.Node == "" {
 				continue
 			}
