@@ -152,7 +152,7 @@ func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, listin
 		r.metrics.syncErrors.Inc()
 		return etcdstore.Listing{}, nil, fmt.Errorf("keys-only listing: %w", err)
 	}
-	r.bounds.Store(partBounds(kr))
+	r.bounds.Store(partBounds(len(kr.Endpoints), func(i int) (string, error) { return kr.Endpoints[i].ID.Key() }))
 	p := newDigestPlan(kr)
 	for done := false; !done; {
 		// Steps, so that no lock hold is long (see listingStep).
@@ -228,12 +228,13 @@ func backstopPauseFor(mode string, interval time.Duration, steps int) time.Durat
 	return min(interval/backstopSpread/time.Duration(steps), maxBackstopPause)
 }
 
-// partBounds picks the next listing's part bounds from this one: the key
-// of every backstopPartKeys-th endpoint.
-func partBounds(kr etcdstore.KeyRevisions) *[]string {
+// partBounds picks the next keys-only listing's part bounds from a
+// listing of n endpoints in key order: the key of every
+// backstopPartKeys-th.
+func partBounds(n int, key func(i int) (string, error)) *[]string {
 	var out []string
-	for i := backstopPartKeys; i < len(kr.Endpoints); i += backstopPartKeys {
-		if k, err := kr.Endpoints[i].ID.Key(); err == nil {
+	for i := backstopPartKeys; i < n; i += backstopPartKeys {
+		if k, err := key(i); err == nil {
 			out = append(out, k)
 		}
 	}

@@ -448,6 +448,8 @@ func (r *Registrar) listFull(ctx context.Context, start time.Time) (etcdstore.Li
 	}
 	r.metrics.syncFetched.Add(float64(len(l.Endpoints) + len(l.Nodes) + l.Skipped))
 	r.metrics.syncDuration.Observe(time.Since(start).Seconds())
+	// The first backstop after it is read in parts too.
+	r.bounds.Store(partBounds(len(l.Endpoints), func(i int) (string, error) { return registry.IDOf(l.Endpoints[i]).Key() }))
 	return l, nil
 }
 
