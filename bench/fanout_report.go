@@ -66,7 +66,7 @@ func compareConfig(quick bool) CompareConfig {
 		return CompareConfig{Services: 100, Endpoints: 2000, Agents: []int{100}, Conns: 8, MaxDeps: 50,
 			Load: FanoutLoad{Rate: 100, Duration: 2 * time.Second}, WriteBatchInterval: fanoutBatch, Drain: 5 * time.Second, Settle: 500 * time.Millisecond}
 	}
-	return CompareConfig{Services: 3000, Endpoints: 100000, Agents: []int{1000, 4000, 10000, 20000}, Conns: 200, MaxDeps: 200,
+	return CompareConfig{Services: 3000, Endpoints: 100000, Agents: []int{1000, 4000, 10000, 20000, 40000}, Conns: 200, MaxDeps: 200,
 		Load: FanoutLoad{Rate: 100, Duration: 10 * time.Second}, WriteBatchInterval: fanoutBatch}
 }
 
