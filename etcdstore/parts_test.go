@@ -40,7 +40,7 @@ func TestListRevisionsInPartsIsOneListing(t *testing.T) {
 	if len(whole.Endpoints) != 600 || len(whole.Nodes) != 3 {
 		t.Fatalf("whole listing: %d endpoints, %d nodes", len(whole.Endpoints), len(whole.Nodes))
 	}
-	keyOf := func(i int) string { return epKey(t, whole.Endpoints[i].ID) }
+	keyOf := func(i int) string { return keyOf(t, whole.Endpoints[i].ID) }
 	var every50 []string
 	for i := 50; i < 600; i += 50 {
 		every50 = append(every50, keyOf(i))

@@ -24,7 +24,8 @@ import (
 
 // keysOnlyPageFactor makes a keys-only page this many times a listing page:
 // a keyed revision is a few dozen bytes where a value is a few hundred, and
-// every page makes etcd count the rest of the range.
+// every page makes etcd count the rest of the range (of the part, when
+// read in Parts).
 const keysOnlyPageFactor = 10
 
 // KeyRevisions is a keys-only listing under registry.Root at one revision:
@@ -58,7 +59,7 @@ func (s *Store) ListRevisions(ctx context.Context) (KeyRevisions, error) {
 
 // Parts splits a keys-only listing into reads of a key range each, so that
 // a large listing costs etcd and its reader a little at a time rather
-// than all at once: at 100k endpoints one read is a burst of CPU on both
+// than all at once: one read of a large registry is a burst of CPU on both
 // that every other request on the machine queues behind.
 type Parts struct {
 	// Bounds are keys at which a new part starts, in increasing order.

@@ -134,16 +134,8 @@ func node(region, cluster, name, zone string) *registryv1.Node {
 	return &registryv1.Node{Name: name, Region: region, Cluster: cluster, Zone: zone}
 }
 
-func epKey(t *testing.T, id registry.EndpointID) string {
-	t.Helper()
-	k, err := id.Key()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-func nodeKey(t *testing.T, id registry.NodeID) string {
+// keyOf is an endpoint's or node record's key.
+func keyOf(t *testing.T, id interface{ Key() (string, error) }) string {
 	t.Helper()
 	k, err := id.Key()
 	if err != nil {
@@ -171,11 +163,11 @@ func modRev(t *testing.T, cli *clientv3.Client, key string, rev int64) int64 {
 func wantKeyRevs(t *testing.T, cli *clientv3.Client, rev int64, eps []registry.EndpointID, nodes []registry.NodeID) ([]EndpointRevision, []NodeRevision) {
 	t.Helper()
 	eps, nodes = slices.Clone(eps), slices.Clone(nodes)
-	sort.Slice(eps, func(i, j int) bool { return epKey(t, eps[i]) < epKey(t, eps[j]) })
-	sort.Slice(nodes, func(i, j int) bool { return nodeKey(t, nodes[i]) < nodeKey(t, nodes[j]) })
+	sort.Slice(eps, func(i, j int) bool { return keyOf(t, eps[i]) < keyOf(t, eps[j]) })
+	sort.Slice(nodes, func(i, j int) bool { return keyOf(t, nodes[i]) < keyOf(t, nodes[j]) })
 	var er []EndpointRevision
 	for _, id := range eps {
-		r := modRev(t, cli, epKey(t, id), rev)
+		r := modRev(t, cli, keyOf(t, id), rev)
 		if r == 0 {
 			t.Fatalf("test setup: %s absent at %d", id, rev)
 		}
@@ -183,7 +175,7 @@ func wantKeyRevs(t *testing.T, cli *clientv3.Client, rev int64, eps []registry.E
 	}
 	var nr []NodeRevision
 	for _, id := range nodes {
-		r := modRev(t, cli, nodeKey(t, id), rev)
+		r := modRev(t, cli, keyOf(t, id), rev)
 		if r == 0 {
 			t.Fatalf("test setup: %s absent at %d", id, rev)
 		}
@@ -387,10 +379,10 @@ func TestListRevisionsPagesAtOneRevision(t *testing.T) {
 	// Once each and in key order: nodes/ sorts before services/ here.
 	var keys []string
 	for _, n := range kr.Nodes {
-		keys = append(keys, nodeKey(t, n.ID))
+		keys = append(keys, keyOf(t, n.ID))
 	}
 	for _, e := range kr.Endpoints {
-		keys = append(keys, epKey(t, e.ID))
+		keys = append(keys, keyOf(t, e.ID))
 	}
 	for i := 1; i < len(keys); i++ {
 		if keys[i-1] >= keys[i] {
@@ -575,7 +567,7 @@ func TestListModRevisionsLineUp(t *testing.T) {
 	}
 	for i, n := range l.Nodes {
 		id := registry.NodeIDOf(n)
-		want := modRev(t, raw, nodeKey(t, id), 0)
+		want := modRev(t, raw, keyOf(t, id), 0)
 		if l.NodeRevs[i] != want || krNode[id] != want {
 			t.Errorf("node %d %s: List says %d, ListRevisions %d, etcd %d", i, id, l.NodeRevs[i], krNode[id], want)
 		}
@@ -632,7 +624,7 @@ func TestGetAt(t *testing.T) {
 	mustApply(t, writer, put(v2), del(v1s[1]), put(ep10))
 	n1b := node("r1", "c1", "n1", "z2")
 	mustPutNode(t, writer, n1b, lease)
-	if _, err := raw.Delete(ctx, nodeKey(t, registry.NodeIDOf(n2))); err != nil {
+	if _, err := raw.Delete(ctx, keyOf(t, registry.NodeIDOf(n2))); err != nil {
 		t.Fatal(err)
 	}
 	cur := currentRev(t, raw)
@@ -690,9 +682,9 @@ func TestGetAt(t *testing.T) {
 		garbage, mismatched := endpoint("svc", 20, 1), endpoint("svc", 21, 1)
 		garbageNode := node("r1", "c1", "n7", "z1")
 		for k, v := range map[string]string{
-			v1Key(garbage):    "\xff\xff not a protobuf",
-			v1Key(mismatched): mustEncode(t, endpoint("svc", 22, 1)), // names another endpoint
-			nodeKey(t, registry.NodeIDOf(garbageNode)): "\xff not a node",
+			v1Key(garbage):                           "\xff\xff not a protobuf",
+			v1Key(mismatched):                        mustEncode(t, endpoint("svc", 22, 1)), // names another endpoint
+			keyOf(t, registry.NodeIDOf(garbageNode)): "\xff not a node",
 		} {
 			if _, err := raw.Put(ctx, k, v); err != nil {
 				t.Fatal(err)
@@ -707,7 +699,7 @@ func TestGetAt(t *testing.T) {
 			t.Errorf("Skipped = %d, want 3", l.Skipped)
 		}
 		checkListingAt(t, raw, l, rev, []*registryv1.ServiceEndpoint{v1s[2], v1s[3]}, []*registryv1.Node{n1b})
-		for _, k := range []string{v1Key(garbage), v1Key(mismatched), nodeKey(t, registry.NodeIDOf(garbageNode))} {
+		for _, k := range []string{v1Key(garbage), v1Key(mismatched), keyOf(t, registry.NodeIDOf(garbageNode))} {
 			if !strings.Contains(logs.String(), k) {
 				t.Errorf("no warning names skipped key %s", k)
 			}
@@ -809,10 +801,10 @@ func checkListingAt(t *testing.T, cli *clientv3.Client, l Listing, rev int64, ep
 	}
 	wantNode := map[string]*registryv1.Node{}
 	for _, n := range nodes {
-		wantNode[nodeKey(t, registry.NodeIDOf(n))] = n
+		wantNode[keyOf(t, registry.NodeIDOf(n))] = n
 	}
 	for i, n := range l.Nodes {
-		k := nodeKey(t, registry.NodeIDOf(n))
+		k := keyOf(t, registry.NodeIDOf(n))
 		w, ok := wantNode[k]
 		if !ok {
 			t.Errorf("node %d %s not wanted (or listed twice)", i, k)

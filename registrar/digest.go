@@ -35,11 +35,11 @@ import (
 // With a watch running the check is background work, and is spread over
 // half the interval (backstopPause): the keys are read in parts bounded by
 // keys of the last listing (etcdstore.Parts), all at one revision, and
-// compared a step at a time, with pauses in between. Done at once, the
-// check of 100k keys kept etcd and the registrar busy for a few hundred
-// milliseconds, and every stream's deliveries waited behind it: the
-// fan-out scenario's per-delivery logs showed the late deliveries
-// gathering in exactly those windows.
+// compared a step at a time, with pauses in between. Done at once, a
+// check of every key is one burst of CPU in etcd and in the registrar, and
+// on a busy machine every write and watch event waits behind it: the
+// fan-out scenario's cross-replica tail (docs/benchmarks.md) is where that
+// shows.
 
 // fullFetchRatio: when more than one key in this many needs its value, a
 // full listing is cheaper than fetching them a Txn at a time.

@@ -322,9 +322,9 @@ func (s *service) serveUntil(stream sender, sub *subscription, req *registrarv1.
 	}
 	log.Debug("watch started", "resumed", sub.resumed, "missed", len(sub.missed), "snapshot", len(sub.snapshot), "version", last)
 	// Sent: let them go. The stream lives on with sub, and a snapshot is
-	// a slice of every endpoint it follows: kept by 10k streams, a fifth
-	// of a replica's heap in the fan-out scenario, and every collection
-	// marks it again.
+	// a slice of every endpoint it follows: kept for every stream's life,
+	// thousands of streams would hold copies of the registry that every
+	// collection marks again.
 	sub.snapshot, sub.missed = nil, nil
 
 	// Events are sent from their own goroutine so that the handler can end
