@@ -15,4 +15,12 @@
 //     new requests, then removal after --drain-period. That holds for an
 //     endpoint dropped from the endpoints file and for all of them on
 //     SIGTERM, after which the node leaves and the agent exits 0.
+//   - The agent owns its endpoints: its client re-asserts every one the
+//     registrar's state lacks or has changed (a registrar that crashed
+//     before persisting it, a removal the agent did not ask for), respecting
+//     an operator's drain, and never one the agent removed itself (see
+//     package client). Its own removals name its node (owner_node), the
+//     only caller a registrar lets remove a live node's endpoint; the
+//     node's health summary is its claim, and a registrar reports next to
+//     it what it actually holds.
 package agent

@@ -75,6 +75,7 @@ type stats struct {
 	fullSnapshots atomic.Int64 // complete FULL_SNAPSHOTs applied
 	resumes       atomic.Int64 // streams that resumed (synced by PROGRESS, no snapshot)
 	fallbacks     atomic.Int64 // reads served by ListAllEndpoints
+	reasserted    atomic.Int64 // writes sent on the client's own to restore its registrations
 }
 
 // New validates cfg, starts the stream and the writer in the background and
@@ -95,6 +96,11 @@ func New(cfg Config) (*Client, error) {
 		writeKick: make(chan struct{}, 1),
 		syncKick:  make(chan struct{}, 1),
 	}
+	c.st.node = cfg.Node
+	c.st.reassertDelay = c.backoff
+	// An endpoint re-asserted again within this long is being fought over
+	// or keeps being dropped; past it, a loss is a new incident.
+	c.st.reassertQuiet = 2 * cfg.BackoffMax
 	c.view.Store(&view{all: c.st.all, services: map[string][]*registryv1.ServiceEndpoint{}, wanted: cfg.Services})
 	now := time.Now()
 	c.staleSince.Store(&now)
@@ -357,6 +363,22 @@ func (c *Client) commitLocked() {
 	}
 	if chs := c.st.takeChanges(); len(chs) > 0 && c.notify != nil {
 		c.notify.push(chs)
+	}
+	if c.st.dueChanged {
+		// The writer sleeps until the next deadline it knows of; a new
+		// one may be earlier.
+		c.st.dueChanged = false
+		c.kick(c.writeKick)
+	}
+	if ids := c.st.takeReasserted(); len(ids) > 0 {
+		c.metrics.reasserted.Add(float64(len(ids)))
+		c.stats.reasserted.Add(int64(len(ids)))
+		sample := make([]string, 0, min(len(ids), 5))
+		for _, id := range ids[:cap(sample)] {
+			sample = append(sample, id.String())
+		}
+		c.log.Info("re-asserting registrations the registrar lacks or changed", "endpoints", len(ids), "first", sample, "version", c.st.version)
+		c.kick(c.writeKick)
 	}
 }
 

@@ -40,7 +40,8 @@ type Config struct {
 
 	// Node names this agent in the registrar's logs and metrics
 	// (WatchEndpointsRequest.node_name). It is also the default Node of the
-	// endpoints the agent registers.
+	// endpoints the agent registers, and the owner its unregisters name
+	// (UnregisterEndpointRequest.owner_node).
 	Node string
 
 	// Services to watch. Empty means all services, for the client's whole
@@ -66,7 +67,8 @@ type Config struct {
 
 	// Registerer, if set, gets the client's metrics:
 	// agent_registrar_cache_age_seconds, agent_registrar_stream_reconnects_total,
-	// agent_registrar_writes_dropped_total and agent_registrar_pending_writes.
+	// agent_registrar_writes_dropped_total, agent_registrar_reasserted_total
+	// and agent_registrar_pending_writes.
 	// They are unregistered by Close. Two clients on one Registerer need
 	// prometheus.WrapRegistererWith to tell them apart.
 	Registerer prometheus.Registerer

@@ -24,7 +24,38 @@
 // backoff until a registrar acknowledges. Permanent rejections
 // (InvalidArgument, PermissionDenied, FailedPrecondition, Unimplemented, and
 // NotFound for Drain) drop the write, log and count it, and the cache reverts
-// to what the registrar reported; NotFound for Unregister is success.
+// to what the registrar reported; NotFound for Unregister is success. An
+// Unregister names the node it removes the endpoint for (owner_node): the
+// node the endpoint was registered for, by default Config.Node. A registrar
+// refuses to remove an endpoint of a live node for anyone else.
+//
+// # Re-assertion: the owner restores what it owns
+//
+// An acknowledgement means the write is in the registrar's snapshot, not
+// yet persisted: a registrar that crashes before its write-behind flush
+// comes back without it. So the client keeps its own registrations as
+// acknowledged, and whenever the registrar's state it sees (a snapshot
+// after a reconnect or a registrar restart, a SERVICES_SNAPSHOT, an event
+// it did not ask for) lacks one or differs from it, it registers it again,
+// through the writer (with its retries and backoff), and counts it
+// (agent_registrar_reasserted_total, Reasserted). The rule:
+//
+//   - Presence and attributes (registry.SameAttributes: timestamps and
+//     write stamps aside) are re-asserted while the client's intent
+//     stands.
+//   - A DRAINING set by someone else (an operator's drain) while the
+//     client's intent is SERVING is respected: it holds until the client
+//     registers the endpoint again on its own (for an agent, a changed
+//     endpoints file or a restart). An intent of DRAINING (the client's
+//     own Drain) is re-asserted as DRAINING.
+//   - The client's Unregister ends the intent: nothing is re-asserted
+//     after it. A write the registrar rejects for good ends it too.
+//   - Only endpoints of the services the client watches are compared.
+//
+// An operator removes an agent's endpoint by changing the agent's
+// configuration (the agent drains and removes it) or by stopping the
+// agent; the registrar refuses a removal of a live node's endpoint from
+// anyone but that node, so it cannot be undone behind the operator's back.
 //
 // # Invariants
 //

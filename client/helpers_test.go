@@ -60,10 +60,23 @@ func (r *testRegistrar) stop(t testing.TB) {
 	})
 }
 
+// crash ends the registrar as kill -9 would for its writes: what the
+// write-behind flusher has not persisted yet is lost (the shutdown flush
+// gets a context that has already ended).
+func (r *testRegistrar) crash(t testing.TB) {
+	r.once.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		err := r.Close(ctx)
+		t.Logf("crashed registrar %s: %v", r.GRPCAddr(), err)
+	})
+}
+
 // startRegistrar starts a registrar of region r1, cluster c1 on etcd at
-// addr ("" for a free port). A fixed address may still be held by the
-// previous incarnation's sockets for a moment, so binding is retried.
-func startRegistrar(t testing.TB, etcd *etcdtest.Cluster, addr string) *testRegistrar {
+// addr ("" for a free port); mut adjusts its options. A fixed address may
+// still be held by the previous incarnation's sockets for a moment, so
+// binding is retried.
+func startRegistrar(t testing.TB, etcd *etcdtest.Cluster, addr string, mut ...func(*registrar.Options)) *testRegistrar {
 	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
@@ -75,6 +88,9 @@ func startRegistrar(t testing.TB, etcd *etcdtest.Cluster, addr string) *testRegi
 		ClusterName:   "c1",
 		Region:        "r1",
 		Logger:        quietLogger(),
+	}
+	for _, m := range mut {
+		m(&o)
 	}
 	var s *registrar.Server
 	for attempt := 1; ; attempt++ {

@@ -11,6 +11,7 @@ import (
 type metrics struct {
 	reconnects prometheus.Counter
 	dropped    prometheus.Counter
+	reasserted prometheus.Counter
 	all        []prometheus.Collector
 	reg        prometheus.Registerer // set once registered
 }
@@ -25,6 +26,10 @@ func newMetrics(c *Client) *metrics {
 			Name: "agent_registrar_writes_dropped_total",
 			Help: "Writes dropped because a registrar rejected them permanently (invalid, not permitted, failed precondition, drain of an unknown endpoint).",
 		}),
+		reasserted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "agent_registrar_reasserted_total",
+			Help: "Registrations this agent sent again on its own because the registrar's state lacked them or differed from them (lost in a registrar crash before being persisted, or changed or removed by someone else).",
+		}),
 	}
 	m.all = []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -37,6 +42,7 @@ func newMetrics(c *Client) *metrics {
 		}, func() float64 { return float64(c.PendingWrites()) }),
 		m.reconnects,
 		m.dropped,
+		m.reasserted,
 	}
 	return m
 }

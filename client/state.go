@@ -42,6 +42,19 @@ type state struct {
 	queue    []registry.EndpointID // writes in state writeQueued, in send order
 	writeSeq uint64                // numbers intents, for Flush
 
+	// Re-assertion (reassert.go): the client's own acknowledged
+	// registrations, the ones waiting out a backoff, the acknowledged
+	// writes a snapshot covered, and what was re-asserted since the last
+	// commit.
+	owned         map[registry.EndpointID]*ownership
+	due           map[registry.EndpointID]time.Time
+	resend        map[registry.EndpointID]struct{}
+	reasserted    []registry.EndpointID
+	dueChanged    bool                            // a re-assertion was scheduled: the writer's timer must be recomputed
+	node          string                          // Config.Node: the owner named in unregisters
+	reassertDelay func(attempt int) time.Duration // backoff of repeated re-assertions of one endpoint
+	reassertQuiet time.Duration                   // without re-assertion this long, an endpoint's backoff starts over
+
 	version string // last resume token the stream delivered
 	epoch   string // version parsed, when it parses
 	seq     uint64
@@ -54,14 +67,18 @@ type state struct {
 
 func newState(services []string, trackChanges bool) *state {
 	s := &state{
-		all:          len(services) == 0,
-		wanted:       map[string]struct{}{},
-		held:         map[string]struct{}{},
-		auth:         map[string]endpoints{},
-		eff:          map[string]endpoints{},
-		writes:       map[registry.EndpointID]*write{},
-		trackChanges: trackChanges,
-		dirty:        map[string]struct{}{},
+		all:           len(services) == 0,
+		wanted:        map[string]struct{}{},
+		held:          map[string]struct{}{},
+		auth:          map[string]endpoints{},
+		eff:           map[string]endpoints{},
+		writes:        map[registry.EndpointID]*write{},
+		owned:         map[registry.EndpointID]*ownership{},
+		due:           map[registry.EndpointID]time.Time{},
+		resend:        map[registry.EndpointID]struct{}{},
+		reassertDelay: func(int) time.Duration { return 0 },
+		trackChanges:  trackChanges,
+		dirty:         map[string]struct{}{},
 	}
 	for _, svc := range services {
 		s.wanted[svc] = struct{}{}
@@ -111,6 +128,10 @@ func (s *state) recompute(id registry.EndpointID) {
 		if cur = w.apply(a); cur != nil && a != nil && cur != a && registry.SameAttributes(cur, a) {
 			cur = a
 		}
+	} else if _, waiting := s.due[id]; waiting {
+		// A re-assertion waiting out its backoff is the client's intent
+		// as much as a queued write is (reassert.go).
+		cur = s.owned[id].target(a)
 	}
 	m := s.eff[svc]
 	old := m[id]
@@ -163,6 +184,7 @@ func (s *state) applyEvent(ev *registrarv1.EndpointEvent) {
 	} else {
 		s.setAuth(id, ep)
 	}
+	s.reconcile(id, time.Now(), false)
 	s.recompute(id)
 }
 
@@ -212,12 +234,25 @@ func (s *state) replace(eps []*registryv1.ServiceEndpoint, services []string, al
 		s.setAuth(id, ep)
 		ids[id] = struct{}{}
 	}
-	for id := range s.writes {
+	for id, w := range s.writes {
+		if _, ok := scope[id.Service]; all || ok {
+			ids[id] = struct{}{}
+			if w.state == writeAcked {
+				s.resend[id] = struct{}{}
+			}
+		}
+	}
+	// A snapshot is the registrar's complete word on its services: every
+	// registration of the client's own in them is compared with it, present
+	// or not.
+	for id := range s.owned {
 		if _, ok := scope[id.Service]; all || ok {
 			ids[id] = struct{}{}
 		}
 	}
+	now := time.Now()
 	for _, id := range sortedIDs(ids) {
+		s.reconcile(id, now, false)
 		s.recompute(id)
 	}
 }

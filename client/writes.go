@@ -64,6 +64,13 @@ type write struct {
 	ackEpoch string // "" when the ack carried no comparable version
 	ackSeq   uint64
 
+	// reassert marks a register the client sent on its own to restore an
+	// owned endpoint (reassert.go), not a caller's intent: its
+	// acknowledgement leaves the ownership as it was.
+	reassert bool
+	// owner is the node an unregister is sent for (owner_node).
+	owner string
+
 	// Memo of apply for opDrain, so recomputing yields the same pointer and
 	// republishes nothing.
 	drainedFrom, drainedTo *registryv1.ServiceEndpoint
@@ -107,7 +114,24 @@ func (s *state) intend(id registry.EndpointID, op opKind, ep *registryv1.Service
 			op = opUnregister
 		}
 	}
+	if op == opUnregister && w.op != opUnregister {
+		// The intent ends here: nothing is re-asserted for this endpoint
+		// from now on. The owner named is the node the endpoint was
+		// registered for, by default the client's.
+		w.owner = s.node
+		if o := s.owned[id]; o != nil && o.ep.GetNode() != "" {
+			w.owner = o.ep.GetNode()
+		}
+		if w.op == opRegister && w.ep.GetNode() != "" {
+			w.owner = w.ep.GetNode()
+		}
+		delete(s.owned, id)
+	}
+	// A new write supersedes a scheduled re-assertion; reconcile looks
+	// again once it settles.
+	delete(s.due, id)
 	w.op, w.ep = op, ep
+	w.reassert = false
 	w.drainedFrom, w.drainedTo = nil, nil
 	w.gen++
 	s.writeSeq++
@@ -147,6 +171,7 @@ func (s *state) authMatches(w *write) bool {
 // it is when the stream shows the written state. Either way settleTimeout
 // bounds the wait.
 func (s *state) settle(now time.Time) {
+	s.resendLost(now)
 	for id, w := range s.writes {
 		if w.state != writeAcked {
 			continue
@@ -159,6 +184,7 @@ func (s *state) settle(now time.Time) {
 		}
 		if caughtUp || now.Sub(w.ackedAt) >= settleTimeout {
 			delete(s.writes, id)
+			s.reconcile(id, now, false)
 			s.recompute(id)
 		}
 	}
@@ -329,10 +355,11 @@ func (c *Client) enqueue(id registry.EndpointID, op opKind, ep *registryv1.Servi
 
 // writeReq is what the writer sends: a copy of one intent.
 type writeReq struct {
-	id  registry.EndpointID
-	op  opKind
-	ep  *registryv1.ServiceEndpoint
-	gen uint64
+	id    registry.EndpointID
+	op    opKind
+	ep    *registryv1.ServiceEndpoint
+	gen   uint64
+	owner string
 }
 
 // runWriter sends queued writes one at a time, in order. One at a time is
@@ -386,9 +413,12 @@ func (c *Client) nextWrite(ctx context.Context) (writeReq, bool) {
 			}
 			w.state = writeInflight
 			c.mu.Unlock()
-			return writeReq{id: id, op: w.op, ep: w.ep, gen: w.gen}, true
+			return writeReq{id: id, op: w.op, ep: w.ep, gen: w.gen, owner: w.owner}, true
 		}
 		due := c.st.nextSettle()
+		if t := c.st.nextDue(); !t.IsZero() && (due.IsZero() || t.Before(due)) {
+			due = t
+		}
 		c.mu.Unlock()
 
 		var timer *time.Timer
@@ -402,7 +432,9 @@ func (c *Client) nextWrite(ctx context.Context) (writeReq, bool) {
 		case <-c.writeKick:
 		case <-timeout:
 			c.mu.Lock()
-			c.st.settle(time.Now())
+			now := time.Now()
+			c.st.settle(now)
+			c.st.fireDue(now)
 			c.commitLocked()
 			c.mu.Unlock()
 		}
@@ -431,6 +463,7 @@ func (c *Client) sendWrite(ctx context.Context, req writeReq) (version string, s
 		var resp *registrarv1.UnregisterEndpointResponse
 		if resp, err = rpc.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{
 			Service: req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
+			OwnerNode: req.owner,
 		}); err == nil {
 			version = resp.GetVersion()
 		}
@@ -484,6 +517,7 @@ func (c *Client) finishWrite(req writeReq, ver string, stored *registryv1.Servic
 		if stored != nil && registry.SameAttributes(stored, w.ep) {
 			w.ep = stored // the registrar's copy carries the timestamps
 		}
+		s.acknowledged(w)
 		s.recompute(req.id)
 	case permanent(code, req.op):
 		if !current {
@@ -491,9 +525,18 @@ func (c *Client) finishWrite(req writeReq, ver string, stored *registryv1.Servic
 			break
 		}
 		delete(s.writes, req.id)
+		if s.lostOnDrain(w, code) {
+			// The registrar lost an endpoint the client owns and is
+			// draining: the intent is DRAINING, and reconcile registers it
+			// so.
+			c.log.Info("drain of an endpoint the registrar does not hold; registering it again as DRAINING", "endpoint", req.id)
+		} else {
+			delete(s.owned, req.id)
+			c.metrics.dropped.Inc()
+			c.log.Error("write rejected by the registrar; dropped", "op", req.op, "endpoint", req.id, "code", code, "err", err, "reassertion", w.reassert)
+		}
+		s.reconcile(req.id, time.Now(), false)
 		s.recompute(req.id)
-		c.metrics.dropped.Inc()
-		c.log.Error("write rejected by the registrar; dropped", "op", req.op, "endpoint", req.id, "code", code, "err", err)
 	default:
 		s.requeueFront(w)
 		retry = true

@@ -15,6 +15,11 @@
 //     that too). Its writes are unconditional puts and deletes, so replaying
 //     a batch, whole or from any point, converges on the same state: that is
 //     what makes a retry after a partial failure safe.
+//   - ApplyOrdered lets no write replace a write of the same key stamped
+//     later (registry.CompareStamps), whatever order writers' Txns arrive
+//     in; a delete leaves its stamp as a tombstone outside registry.Root
+//     (ordered.go). It never lets one mutation that etcd refuses fail the
+//     others.
 //   - A Listing is consistent at exactly Listing.Revision: every page is read
 //     at the first page's revision, so writes that land while paging do not
 //     appear. It therefore composes with Watch(ctx, Listing.Revision) into a
@@ -68,15 +73,19 @@ const maxSkipLogs = 10
 type Options struct {
 	MaxTxnOps int // default 128, etcd's --max-txn-ops default
 	PageSize  int // keys per Range page when listing, default 5000
-	Logger    *slog.Logger
+	// MaxTxnBytes bounds the values one ordered Txn carries (default 1
+	// MiB, under etcd's default --max-request-bytes of 1.5 MiB).
+	MaxTxnBytes int
+	Logger      *slog.Logger
 }
 
 // Store reads and writes the registry in etcd.
 type Store struct {
-	cli       *clientv3.Client
-	maxTxnOps int
-	pageSize  int
-	log       *slog.Logger
+	cli         *clientv3.Client
+	maxTxnOps   int
+	pageSize    int
+	maxTxnBytes int
+	log         *slog.Logger
 
 	// afterPage, if set, runs after each page of a listing is read. Tests
 	// use it to write or compact between pages deterministically.
@@ -85,6 +94,9 @@ type Store struct {
 	// noRangeStream is set once etcd turned out to lack RangeStream
 	// (before v3.7), or by tests of the paged fallback.
 	noRangeStream atomic.Bool
+
+	// tomb is the lease ApplyOrdered writes tombstones under.
+	tomb tombLease
 }
 
 // New returns a Store using cli. The caller keeps ownership of cli.
@@ -95,19 +107,28 @@ func New(cli *clientv3.Client, opts Options) *Store {
 	if opts.PageSize <= 0 {
 		opts.PageSize = DefaultPageSize
 	}
+	if opts.MaxTxnBytes <= 0 {
+		opts.MaxTxnBytes = DefaultMaxTxnBytes
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{cli: cli, maxTxnOps: opts.MaxTxnOps, pageSize: opts.PageSize, log: opts.Logger}
+	return &Store{cli: cli, maxTxnOps: opts.MaxTxnOps, pageSize: opts.PageSize, maxTxnBytes: opts.MaxTxnBytes, log: opts.Logger}
 }
 
 // Client returns the etcd client the Store uses.
 func (s *Store) Client() *clientv3.Client { return s.cli }
 
 // Mutation puts Endpoint at ID's key, or deletes the key when Endpoint is nil.
+// Stamp, KeyRev and TombRev are for ApplyOrdered only: a delete's stamp
+// (a put's is its Endpoint's), and the mod revisions of the key and of its
+// tombstone as the writer last saw them (0: absent).
 type Mutation struct {
 	ID       registry.EndpointID
 	Endpoint *registryv1.ServiceEndpoint
+	Stamp    *registryv1.WriteStamp
+	KeyRev   int64
+	TombRev  int64
 }
 
 // Apply writes muts in one Txn when len(muts) <= MaxTxnOps, otherwise in
@@ -120,8 +141,10 @@ type Mutation struct {
 // many mutations landed, and since every operation is an unconditional put
 // or delete the caller may simply retry the whole slice.
 //
-// Each Txn carries at most MaxTxnOps encoded endpoints; for endpoints within
-// registry.DefaultLimits that is far below etcd's 1.5 MiB request limit.
+// Each Txn carries at most MaxTxnOps encoded endpoints, unconditionally:
+// Apply is for tools and tests that own their keys (migrate, the
+// benchmarks). The registrar writes with ApplyOrdered, which orders
+// replicas' writes by stamp and bounds each Txn by bytes as well.
 func (s *Store) Apply(ctx context.Context, muts []Mutation) (rev int64, err error) {
 	revs, err := s.ApplyEach(ctx, muts)
 	if err != nil || len(revs) == 0 {

@@ -86,9 +86,17 @@ func (s *state) compareDigest(p *digestPlan, budget int) (done bool) {
 	end := min(len(p.kr.Endpoints), p.next+budget)
 	for _, e := range p.kr.Endpoints[p.next:end] {
 		p.listed[e.ID.Service]++
-		if ep := s.get(e.ID); ep != nil && s.epRev[e.ID] == e.ModRevision {
+		// A key with a local write unpersisted (or in flight: perhaps
+		// landed, not yet recorded) is guarded: the listing cannot change
+		// it, so its value is not worth fetching.
+		guarded := s.queue.holds(e.ID)
+		if ep := s.get(e.ID); ep != nil && (guarded || s.epRev[e.ID] == e.ModRevision) {
 			p.have.Endpoints = append(p.have.Endpoints, ep)
 			p.have.EndpointRevs = append(p.have.EndpointRevs, e.ModRevision)
+			continue
+		}
+		if guarded {
+			p.dirty[e.ID.Service] = true // a local removal the listing still shows
 			continue
 		}
 		p.needEPs = append(p.needEPs, e.ID)

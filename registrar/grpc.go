@@ -40,9 +40,9 @@ type service struct {
 func (r *Registrar) RegisterGRPC(s grpc.ServiceRegistrar) { r.registerGRPC(s, nil) }
 
 func (r *Registrar) registerGRPC(s grpc.ServiceRegistrar, wire *wireCache) {
-	registrarv1.RegisterRegistrarServer(s, &service{r: r, g: newGuard(r), wire: wire, streams: newStreamLimiter(r.opts.MaxStreamsPerIdentity, func() {
+	registerIngress(s, &service{r: r, g: newGuard(r), wire: wire, streams: newStreamLimiter(r.opts.MaxStreamsPerIdentity, func() {
 		r.metrics.rejected.WithLabelValues("stream_limit").Inc()
-	})})
+	})}, func() { r.metrics.rejected.WithLabelValues("malformed").Inc() }) // ingress.go
 }
 
 func (s *service) RegisterEndpoint(ctx context.Context, req *registrarv1.RegisterEndpointRequest) (*registrarv1.RegisterEndpointResponse, error) {
@@ -54,7 +54,14 @@ func (s *service) RegisterEndpoint(ctx context.Context, req *registrarv1.Registe
 	if err != nil {
 		return nil, s.status("RegisterEndpoint", "register", err)
 	}
-	return &registrarv1.RegisterEndpointResponse{Endpoint: ep, Version: v}, nil
+	resp := &registrarv1.RegisterEndpointResponse{Endpoint: ep, Version: v}
+	if req.GetWaitPersisted() {
+		if err := s.r.WaitPersisted(ctx, registry.IDOf(ep), ep.GetStamp()); err != nil {
+			return nil, s.status("RegisterEndpoint", "register", err)
+		}
+		resp.Persisted = true
+	}
+	return resp, nil
 }
 
 func (s *service) UnregisterEndpoint(ctx context.Context, req *registrarv1.UnregisterEndpointRequest) (*registrarv1.UnregisterEndpointResponse, error) {
@@ -62,17 +69,34 @@ func (s *service) UnregisterEndpoint(ctx context.Context, req *registrarv1.Unreg
 	if err != nil {
 		return nil, err
 	}
-	v, err := s.r.UnregisterChecked(registry.EndpointID{
+	// Authorization first, then ownership: a live node's endpoint is
+	// removed only for that node (ownership.go).
+	owner, err := s.r.ownerCheck(req.GetOwnerNode(), s.g.nodeIdentity(ctx))
+	if err != nil {
+		return nil, s.status("UnregisterEndpoint", "unregister", err)
+	}
+	check = bothChecks(check, owner)
+	v, w, err := s.r.UnregisterStamped(registry.EndpointID{
 		Region:   req.GetRegion(),
 		Cluster:  req.GetCluster(),
 		Service:  req.GetService(),
 		Protocol: req.GetProtocol(),
 		IP:       req.GetIp(),
 	}, check)
+	if st, ok := s.ownedStatus("unregister", err); ok {
+		return nil, st
+	}
 	if err != nil {
 		return nil, s.status("UnregisterEndpoint", "unregister", err)
 	}
-	return &registrarv1.UnregisterEndpointResponse{Version: v}, nil
+	resp := &registrarv1.UnregisterEndpointResponse{Version: v}
+	if req.GetWaitPersisted() {
+		if err := s.r.WaitPersisted(ctx, w.ID, w.Stamp); err != nil {
+			return nil, s.status("UnregisterEndpoint", "unregister", err)
+		}
+		resp.Persisted = true
+	}
+	return resp, nil
 }
 
 func (s *service) ListAllEndpoints(ctx context.Context, req *registrarv1.ListAllEndpointsRequest) (*registrarv1.ListAllEndpointsResponse, error) {
@@ -124,7 +148,14 @@ func (s *service) DrainEndpoint(ctx context.Context, req *registrarv1.DrainEndpo
 	if err != nil {
 		return nil, s.status("DrainEndpoint", "drain", err)
 	}
-	return &registrarv1.DrainEndpointResponse{Endpoint: ep, Version: v}, nil
+	resp := &registrarv1.DrainEndpointResponse{Endpoint: ep, Version: v}
+	if req.GetWaitPersisted() {
+		if err := s.r.WaitPersisted(ctx, registry.IDOf(ep), ep.GetStamp()); err != nil {
+			return nil, s.status("DrainEndpoint", "drain", err)
+		}
+		resp.Persisted = true
+	}
+	return resp, nil
 }
 
 func (s *service) Subscribe(stream grpc.BidiStreamingServer[registrarv1.SubscribeRequest, registrarv1.EndpointEvent]) error {
@@ -152,6 +183,10 @@ func (s *service) Subscribe(stream grpc.BidiStreamingServer[registrarv1.Subscrib
 	go func() {
 		for {
 			msg, err := stream.Recv()
+			if status.Code(err) == codes.InvalidArgument {
+				failed <- err // an update that did not decode (ingress.go)
+				return
+			}
 			if err != nil {
 				return // the client closed its side or the stream ended
 			}
@@ -435,6 +470,11 @@ func (s *service) status(method, op string, err error) error {
 	case errors.Is(err, errBackend):
 		s.r.metrics.rejected.WithLabelValues("backend").Inc()
 		return status.Error(codes.Unavailable, fmt.Sprintf("%s: %v; retry", op, err))
+	case errors.Is(err, errPersistWait):
+		return status.Error(codes.DeadlineExceeded, fmt.Sprintf("%s: %v", op, err))
+	case errors.Is(err, errRefused):
+		s.r.metrics.rejected.WithLabelValues("refused_by_backend").Inc()
+		return status.Error(codes.FailedPrecondition, fmt.Sprintf("%s: acknowledged but %v; change the request (see the registrar's log) and write it again", op, err))
 	case errors.Is(err, errQueueFull):
 		s.r.metrics.rejected.WithLabelValues("queue_full").Inc()
 		return status.Error(codes.ResourceExhausted, fmt.Sprintf(

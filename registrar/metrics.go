@@ -17,6 +17,8 @@ type metrics struct {
 	batchSize      prometheus.Histogram
 	flushDuration  prometheus.Histogram
 	flushErrors    prometheus.Counter
+	writesRefused  prometheus.Counter
+	superseded     prometheus.Counter
 	broadcast      *prometheus.CounterVec
 	broadcastByTyp map[registrarv1.EndpointEvent_EventType]prometheus.Counter
 	evictions      prometheus.Counter
@@ -55,6 +57,14 @@ func newMetrics(r *Registrar) *metrics {
 			Name: "registrar_write_flush_errors_total",
 			Help: "Write-behind flushes that failed and will be retried.",
 		}),
+		writesRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "registrar_writes_refused_total",
+			Help: "Writes the backend refused permanently (too large, invalid); each is isolated so the others still persist.",
+		}),
+		superseded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "registrar_writes_superseded_total",
+			Help: "Writes found overtaken at flush time by a write of the same endpoint stamped later through another replica; the later one stays.",
+		}),
 		broadcast: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "registrar_event_broadcast_total",
 			Help: "Events handed to watching streams, by type (one per stream).",
@@ -82,10 +92,20 @@ func newMetrics(r *Registrar) *metrics {
 	}
 	m.reg.MustRegister(
 		m.syncDuration, m.syncErrors, m.syncFetched, m.batchSize, m.flushDuration, m.flushErrors,
+		m.writesRefused, m.superseded,
 		m.broadcast, m.evictions, m.rejected, m.swept, m.authzDenied,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{r: r},
+		// Read from the write-behind at scrape time, like stateCollector.
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "registrar_persistence_lag_seconds",
+			Help: "Age of the oldest acknowledged write not yet persisted to the backend (0 when every write is persisted); /readyz fails once it passes max(10 x --write-batch-interval, 10s).",
+		}, func() float64 { return r.PersistenceStatus().Oldest.Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "registrar_persistence_isolated_writes",
+			Help: "Acknowledged writes the backend refused permanently, held back so the others persist; listed by /readyz?verbose.",
+		}, func() float64 { return float64(len(r.PersistenceStatus().Isolated)) }),
 	)
 	return m
 }
@@ -102,7 +122,9 @@ type stateCollector struct{ r *Registrar }
 
 var (
 	descConnected = prometheus.NewDesc("registrar_connected_agents", "Open watch streams.", nil, nil)
-	descEndpoints = prometheus.NewDesc("registrar_endpoint_count", "Endpoints in the snapshot, by origin cluster.", []string{"cluster"}, nil)
+	// Not "_count": Prometheus reserves that suffix for histograms and
+	// summaries, and promtool check metrics flags it.
+	descEndpoints = prometheus.NewDesc("registrar_endpoints", "Endpoints in the snapshot, by origin cluster.", []string{"cluster"}, nil)
 	descQueue     = prometheus.NewDesc("registrar_write_queue_depth", "Endpoints with acknowledged writes not yet persisted.", nil, nil)
 	descBackend   = prometheus.NewDesc("registrar_backend_revision", "Backend revision the snapshot reflects.", nil, nil)
 )

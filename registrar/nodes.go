@@ -47,6 +47,9 @@ func (r *Registrar) AnnounceNode(ctx context.Context, in *registryv1.Node) (*reg
 	id := registry.NodeIDOf(n)
 	r.mu.Lock()
 	prev := r.st.nodes[id]
+	// Node records are written synchronously, so etcd's order is their
+	// acknowledgement order already; the stamp says so to readers.
+	n.Stamp = r.st.nodeStamp(prev, r.now())
 	r.mu.Unlock()
 
 	n.LeaseTtlSeconds = int64(r.opts.NodeTTL / time.Second)
@@ -137,14 +140,29 @@ func (r *Registrar) LeaveNode(ctx context.Context, name, region, cluster string)
 	return nil
 }
 
-// ListNodes returns the known node records with their lease state.
+// ListNodes returns the known node records with their lease state, and in
+// each node's health what this registrar holds of the node's endpoints
+// (endpoints_held, endpoints_held_serving), next to what the node claims:
+// a node's own summary cannot show what a registrar lost.
 func (r *Registrar) ListNodes(ctx context.Context) []*registrarv1.NodeStatus {
 	r.mu.Lock()
-	out := make([]*registrarv1.NodeStatus, 0, len(r.st.nodes))
+	recs := make([]*registryv1.Node, 0, len(r.st.nodes))
 	for _, n := range r.st.nodes {
+		recs = append(recs, n)
+	}
+	held := r.heldLocked()
+	r.mu.Unlock()
+	out := make([]*registrarv1.NodeStatus, 0, len(recs))
+	for _, n := range recs {
+		// Stored records are shared and immutable; the counts go on a copy.
+		n = proto.Clone(n).(*registryv1.Node)
+		if n.Health == nil {
+			n.Health = &registryv1.HealthSummary{}
+		}
+		h := held[registry.NodeIDOf(n)]
+		n.Health.EndpointsHeld, n.Health.EndpointsHeldServing = h.held, h.serving
 		out = append(out, &registrarv1.NodeStatus{Node: n, LastHeartbeatAgeSeconds: -1, LeaseRemainingSeconds: -1})
 	}
-	r.mu.Unlock()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
 	for _, st := range out {
@@ -214,7 +232,7 @@ func (r *Registrar) sweep() int {
 		var evs []*registrarv1.EndpointEvent
 		for _, id := range ghosts {
 			node := r.st.get(id).GetNode()
-			ev, err := r.st.unregister(id)
+			ev, err := r.st.unregister(id, r.now())
 			if err != nil {
 				// The queue is full: the sweep tries again next round.
 				r.log.Warn("ghost sweep deferred", "endpoint", id.String(), "err", err)
@@ -236,4 +254,21 @@ func (r *Registrar) sweep() int {
 		}
 	}
 	return swept
+}
+
+// heldCount is how many of a node's endpoints the registrar holds, and how
+// many of those serve.
+type heldCount struct{ held, serving uint32 }
+
+// heldLocked counts the endpoints of every node with a record, from the
+// state's per-node counters; r.mu must be held, so the counts are one
+// consistent snapshot.
+func (r *Registrar) heldLocked() map[registry.NodeID]heldCount {
+	out := make(map[registry.NodeID]heldCount, len(r.st.nodes))
+	for n := range r.st.nodes {
+		if held := r.st.byNode[n]; held > 0 {
+			out[n] = heldCount{held: uint32(held), serving: uint32(r.st.byNodeServing[n])}
+		}
+	}
+	return out
 }

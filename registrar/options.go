@@ -24,7 +24,8 @@ type Options struct {
 
 	// Serving. GRPCAddr serves the Registrar API, gRPC health and
 	// reflection; HTTPAddr serves /healthz, /readyz and /metrics. Port 0
-	// picks a free port (see Server.GRPCAddr).
+	// picks a free port (see Server.GRPCAddr). Empty takes
+	// DefaultListenAddrs: loopback only without TLS.
 	GRPCAddr string
 	HTTPAddr string
 	// EnablePprof serves Go's runtime profiles at /debug/pprof/ on HTTPAddr,
@@ -175,14 +176,39 @@ func (o Options) PeerEtcdTLSEnabled() bool {
 	return o.PeerEtcdCACert != "" || o.PeerEtcdCert != "" || o.PeerEtcdKey != ""
 }
 
-// DefaultOptions returns the defaults the CLI flags show.
+// Listen defaults. Without TLS the registrar is unencrypted and
+// unauthenticated (any client may write any endpoint), so by default it
+// listens on loopback only, as etcd and Consul's dev mode do: reaching it
+// from another host takes an explicit --grpc-addr/--http-addr, which is a
+// decision rather than an accident. With TLS the defaults are every
+// interface, since a certificate is a sign the registrar is meant to be
+// reached over the network (without --tls-client-ca it still warns that
+// nobody is authenticated).
+const (
+	DefaultGRPCAddr    = "127.0.0.1:9443"
+	DefaultHTTPAddr    = "127.0.0.1:8081"
+	DefaultTLSGRPCAddr = ":9443"
+	DefaultTLSHTTPAddr = ":8081"
+)
+
+// DefaultListenAddrs are the default gRPC and HTTP addresses of a
+// registrar with or without TLS.
+func DefaultListenAddrs(tls bool) (grpcAddr, httpAddr string) {
+	if tls {
+		return DefaultTLSGRPCAddr, DefaultTLSHTTPAddr
+	}
+	return DefaultGRPCAddr, DefaultHTTPAddr
+}
+
+// DefaultOptions returns the defaults the CLI flags show (the plaintext
+// listen addresses; see DefaultListenAddrs).
 func DefaultOptions() Options {
 	return Options{
 		DataDir:               "./aether-data",
 		EmbeddedEtcdAddr:      "127.0.0.1:2379",
 		EmbeddedEtcdPeerAddr:  "127.0.0.1:2380",
-		GRPCAddr:              ":9443",
-		HTTPAddr:              ":8081",
+		GRPCAddr:              DefaultGRPCAddr,
+		HTTPAddr:              DefaultHTTPAddr,
 		ClusterName:           "default",
 		Region:                "default",
 		SyncMode:              SyncWatch,
@@ -235,8 +261,9 @@ func (o Options) withDefaults() Options {
 	set(&o.DataDir, d.DataDir)
 	set(&o.EmbeddedEtcdAddr, d.EmbeddedEtcdAddr)
 	set(&o.EmbeddedEtcdPeerAddr, d.EmbeddedEtcdPeerAddr)
-	set(&o.GRPCAddr, d.GRPCAddr)
-	set(&o.HTTPAddr, d.HTTPAddr)
+	grpcAddr, httpAddr := DefaultListenAddrs(o.TLSEnabled())
+	set(&o.GRPCAddr, grpcAddr)
+	set(&o.HTTPAddr, httpAddr)
 	set(&o.ClusterName, d.ClusterName)
 	set(&o.Region, d.Region)
 	set(&o.SyncMode, d.SyncMode)

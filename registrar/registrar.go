@@ -22,10 +22,14 @@ import (
 // Backend is the durable store a registrar persists to and learns other
 // replicas' writes from. *etcdstore.Store implements it.
 type Backend interface {
-	// ApplyEach persists a batch (puts and deletes, unique keys) and
-	// returns the revision each mutation landed at. It must be safe to
-	// retry after an error.
-	ApplyEach(ctx context.Context, muts []etcdstore.Mutation) ([]int64, error)
+	// ApplyOrdered persists a batch (puts and deletes, unique keys) so
+	// that per key the newest stamp wins, and says what became of each
+	// mutation (etcdstore.Store.ApplyOrdered). It must be safe to retry
+	// the unsettled ones after an error.
+	ApplyOrdered(ctx context.Context, muts []etcdstore.Mutation) ([]etcdstore.Outcome, error)
+	// GetEndpoint reads one endpoint as the backend holds it now, for a
+	// drain or unregister of an endpoint this replica has not heard of.
+	GetEndpoint(ctx context.Context, id registry.EndpointID) (ep *registryv1.ServiceEndpoint, rev, at int64, err error)
 	// List returns every endpoint and the revision the listing is at.
 	List(ctx context.Context) (etcdstore.Listing, error)
 	// ListRevisionsInParts and GetAt are the backstop's cheap listing:
@@ -71,6 +75,11 @@ type Registrar struct {
 	// bounds are where the next backstop's parts start: keys spaced
 	// backstopPartKeys apart in the last keys-only listing.
 	bounds atomic.Pointer[[]string]
+
+	// persist is the write-behind's bookkeeping for callers that wait for
+	// persistence, and for the persistence status (persistence.go);
+	// guarded by mu.
+	persist persistTracker
 }
 
 // New builds a registrar over a backend. Call Start to load the snapshot.
@@ -89,6 +98,7 @@ func New(opts Options, backend Backend) (*Registrar, error) {
 		kick:      make(chan struct{}, 1),
 		sweepKick: make(chan struct{}, 1),
 		closing:   make(chan struct{}),
+		persist:   newPersistTracker(),
 	}
 	r.st.maxPerNode = opts.MaxEndpointsPerNode
 	r.metrics = newMetrics(r)
@@ -147,6 +157,11 @@ func (r *Registrar) Close(ctx context.Context) error {
 	for {
 		err := r.flush(ctx)
 		if err == nil {
+			if st := r.PersistenceStatus(); st.Pending > 0 && len(st.Isolated) > 0 {
+				// Only isolated writes are left: the backend refused them.
+				return fmt.Errorf("registrar closed with %d writes not persisted: %d refused by the backend (first: %s: %s)",
+					st.Pending, len(st.Isolated), st.Isolated[0].Key, st.Isolated[0].Reason)
+			}
 			return nil
 		}
 		select {
@@ -234,11 +249,30 @@ func (r *Registrar) Unregister(id registry.EndpointID) (string, error) {
 // UnregisterChecked is Unregister with a WriteCheck (nil: none), called
 // only if the endpoint exists (otherwise the result is NOT_FOUND).
 func (r *Registrar) UnregisterChecked(id registry.EndpointID, check WriteCheck) (string, error) {
+	v, _, err := r.UnregisterStamped(id, check)
+	return v, err
+}
+
+// UnregisterStamped is UnregisterChecked that also returns the removal's
+// stamp and the identity it resolved (with origin and canonical IP), for
+// WaitPersisted.
+func (r *Registrar) UnregisterStamped(id registry.EndpointID, check WriteCheck) (string, Written, error) {
+	var stamp *registryv1.WriteStamp
+	var resolved registry.EndpointID
 	_, v, err := r.change(id, check, func(st *state, id registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
-		ev, err := st.unregister(id)
+		ev, err := st.unregister(id, r.now())
+		if err == nil {
+			stamp, resolved = st.queue.pending[id].stamp, id
+		}
 		return nil, ev, err
 	})
-	return v, err
+	return v, Written{ID: resolved, Stamp: stamp}, err
+}
+
+// Written names an acknowledged write, for WaitPersisted.
+type Written struct {
+	ID    registry.EndpointID
+	Stamp *registryv1.WriteStamp
 }
 
 // Drain marks an endpoint of this registrar's origin DRAINING.
@@ -273,6 +307,17 @@ func (r *Registrar) change(id registry.EndpointID, check WriteCheck, fn func(*st
 	}
 	id.IP = ip
 	r.mu.Lock()
+	if r.st.get(id) == nil {
+		// Not in this replica's snapshot, but perhaps written through
+		// another replica a moment ago and not yet seen here: ask the
+		// backend before answering NOT_FOUND, so a drain or deregister
+		// right after a register through another replica works.
+		r.mu.Unlock()
+		if err := r.learn(id); err != nil {
+			return nil, "", err
+		}
+		r.mu.Lock()
+	}
 	if check != nil {
 		if stored := r.st.get(id); stored != nil {
 			if err := check(nil, stored); err != nil {
@@ -293,6 +338,34 @@ func (r *Registrar) change(id registry.EndpointID, check WriteCheck, fn func(*st
 	}
 	r.maybeKick(pending)
 	return ep, v, nil
+}
+
+// learnTimeout bounds the backend read of learn: a drain or unregister
+// waits no longer than this for a backend that does not answer.
+const learnTimeout = 2 * time.Second
+
+// learn reads an endpoint this replica does not hold from the backend and,
+// if the backend has it, takes it into the snapshot (state.adopt). A
+// backend that cannot be read leaves the snapshot as it is: the caller
+// then answers from the snapshot, NOT_FOUND.
+func (r *Registrar) learn(id registry.EndpointID) error {
+	ctx, cancel := context.WithTimeout(context.Background(), learnTimeout)
+	defer cancel()
+	ep, rev, at, err := r.backend.GetEndpoint(ctx, id)
+	if err != nil {
+		r.log.Warn("reading an endpoint this replica does not hold failed", "endpoint", id.String(), "err", err)
+		return nil
+	}
+	if ep == nil {
+		return nil
+	}
+	r.mu.Lock()
+	ev := r.st.adopt(id, ep, rev, at)
+	if ev != nil {
+		r.hub.publish([]*registrarv1.EndpointEvent{ev})
+	}
+	r.mu.Unlock()
+	return nil
 }
 
 // claimOrigin defaults an empty region/cluster to this registrar's, and

@@ -3,6 +3,7 @@ package registrar
 import (
 	"sort"
 	"testing"
+	"time"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/etcdstore"
@@ -121,7 +122,7 @@ func TestBackgroundListingKeepsLocalWrites(t *testing.T) {
 	s.trackForListing()
 	s.register(a, t0) // pending
 	s.register(b, t0)
-	done := s.takeBatch(1)
+	done := s.takeBatch(1, time.Time{})
 	s.batchDone(done, 18) // one of them persisted after the listing began...
 	// ...and the watch delivers that put, then goes past it.
 	persisted := s.get(done[0].ID)

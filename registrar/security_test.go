@@ -332,7 +332,12 @@ func TestNodeAuthorization(t *testing.T) {
 	if _, err := op.LeaveNode(callCtx(t), &registrarv1.LeaveNodeRequest{Node: "node-b"}); err != nil {
 		t.Fatalf("operator leave: %v", err)
 	}
-	unregister(t, op, "api", "10.0.0.1")
+	// ... but for removing a live node's endpoint, which that node's agent
+	// would register again: the node itself removes it (its identity is
+	// the owner).
+	_, err = op.UnregisterEndpoint(callCtx(t), &registrarv1.UnregisterEndpointRequest{Service: "api", Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: "10.0.0.1"})
+	wantCode(t, "operator unregister of live node-a's endpoint", err, codes.FailedPrecondition, `belongs to live node "node-a"`)
+	unregister(t, nodeA, "api", "10.0.0.1")
 	// ... and node-a now owns 10.0.0.2 and may remove it.
 	unregister(t, nodeA, "web", "10.0.0.2")
 	waitFor(t, "writes persisted", 5*time.Second, func() bool { return srv.Registrar().PendingWrites() == 0 })

@@ -11,6 +11,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -34,11 +35,19 @@ import (
 
 // Server is a running registrar process: its etcd (embedded or a client to
 // an external cluster), the Registrar, and the gRPC and HTTP listeners.
+//
+// It serves from the moment its listeners are bound, before its backend
+// is up: until the snapshot is loaded the Registrar service answers every
+// call with UNAVAILABLE saying what it waits for, gRPC health says
+// NOT_SERVING and /readyz fails with the same reason (startup.go). A
+// client that dialled a registrar whose etcd is unreachable so learns it
+// at once, instead of holding a connection that never answers.
 type Server struct {
 	opts    Options
-	etcd    *embedetcd.Server // nil with external etcd
-	cli     *clientv3.Client
+	etcd    *embedetcd.Server // nil with external etcd; set by load
+	cli     *clientv3.Client  // set by load
 	reg     *Registrar
+	backend *startupBackend
 	grpc    *grpc.Server
 	health  *health.Server
 	http    *http.Server
@@ -47,26 +56,66 @@ type Server struct {
 
 	tls *pki.Reloader // nil without --tls-cert
 
-	repl     *replicator.Replicator // nil without --peer-etcd
+	repl     *replicator.Replicator // nil without --peer-etcd; set by load
 	replStop context.CancelFunc
 	replDone chan struct{}
+
+	startup  *startup
+	loadStop context.CancelFunc
+	loadDone chan struct{} // closed when load has returned
 }
 
-// Serve runs a registrar until ctx ends, then shuts it down gracefully.
+// Serve runs a registrar until ctx ends, then shuts it down gracefully. It
+// serves (UNAVAILABLE, see Server) while its snapshot loads; a start-up
+// that fails for good (the embedded etcd cannot start, say) ends Serve with
+// that error.
 func Serve(ctx context.Context, opts Options) error {
-	s, err := Start(ctx, opts)
+	s, err := Launch(ctx, opts)
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
+	var loadErr error
+	select {
+	case <-ctx.Done():
+	case <-s.loadDone:
+		// A start that failed for good ends Serve; one abandoned because
+		// ctx ended is the ordinary shutdown.
+		if loadErr = s.startup.failure(); loadErr == nil {
+			<-ctx.Done()
+		}
+	}
 	closeCtx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	return s.Close(closeCtx)
+	if err := s.Close(closeCtx); loadErr == nil {
+		return err
+	}
+	return loadErr
 }
 
-// Start brings a registrar up: etcd, the snapshot, then the listeners. It
-// returns once the registrar serves.
-func Start(ctx context.Context, opts Options) (_ *Server, err error) {
+// Start brings a registrar up: the listeners, etcd, the snapshot. It
+// returns once the registrar serves, or with an error if ctx ends first
+// (the listeners answer UNAVAILABLE meanwhile, see Launch).
+func Start(ctx context.Context, opts Options) (*Server, error) {
+	s, err := Launch(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.WaitReady(ctx); err != nil {
+		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.Close(closeCtx)
+		return nil, err
+	}
+	return s, nil
+}
+
+// Launch checks the options, binds the listeners and serves on them at
+// once, then starts etcd (or connects to it) and loads the snapshot in the
+// background. Until that is done the Registrar service answers UNAVAILABLE
+// naming what it waits for; WaitReady waits for it. ctx bounds the start:
+// when it ends before the snapshot is loaded, the start is abandoned.
+// EtcdClient and EtcdEndpoints are valid once WaitReady has returned nil.
+func Launch(ctx context.Context, opts Options) (_ *Server, err error) {
 	opts = opts.withDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, err
@@ -86,7 +135,7 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		return nil, err // names --peer-etcd and the expected form
 	}
 	log := opts.Logger
-	s := &Server{opts: opts}
+	s := &Server{opts: opts, loadDone: make(chan struct{})}
 	defer func() {
 		if err != nil {
 			s.teardown()
@@ -102,35 +151,9 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		return nil, fmt.Errorf("--http-addr %s: %w (choose a free address)", opts.HTTPAddr, err)
 	}
 
-	endpoints := opts.EtcdEndpoints
-	if len(endpoints) == 0 {
-		s.etcd, err = embedetcd.Start(ctx, embedetcd.Config{
-			Dir:        filepath.Join(opts.DataDir, "etcd"),
-			ClientAddr: opts.EmbeddedEtcdAddr,
-			PeerAddr:   opts.EmbeddedEtcdPeerAddr,
-			Logger:     log,
-			ClientTLS: embedetcd.TLS{
-				CertFile: opts.EmbeddedEtcdCert,
-				KeyFile:  opts.EmbeddedEtcdKey,
-				CAFile:   opts.EmbeddedEtcdClientCA,
-			},
-			PeerTLS: embedetcd.TLS{
-				CertFile: opts.EmbeddedEtcdPeerCert,
-				KeyFile:  opts.EmbeddedEtcdPeerKey,
-				CAFile:   opts.EmbeddedEtcdPeerCA,
-			},
-		})
-		if err != nil {
-			return nil, err
-		}
-		if opts.EmbeddedEtcdCert == "" && !loopback(opts.EmbeddedEtcdAddr) {
-			log.Warn("embedded etcd serves clients without TLS (no --embedded-etcd-cert/--embedded-etcd-key); any host that reaches --embedded-etcd-addr can read and write the registry; add them or listen on loopback", "addr", opts.EmbeddedEtcdAddr)
-		}
-		endpoints = s.etcd.Endpoints()
-		log.Info("embedded etcd started", "data_dir", opts.DataDir, "endpoints", endpoints)
-	}
+	// Everything read from files is read now, so that a bad certificate
+	// fails the start at once rather than from the background.
 	etcdCfg := clientv3.Config{
-		Endpoints:            endpoints,
 		DialTimeout:          5 * time.Second,
 		DialKeepAliveTime:    10 * time.Second,
 		DialKeepAliveTimeout: 5 * time.Second,
@@ -148,11 +171,21 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 			return nil, fmt.Errorf("--etcd-cacert/--etcd-cert/--etcd-key: %w", err)
 		}
 	}
-	s.cli, err = clientv3.New(etcdCfg)
-	if err != nil {
-		return nil, fmt.Errorf("--etcd-endpoints %v: %w", endpoints, err)
+	var peerClient func(replicator.Peer) (*clientv3.Client, error)
+	if opts.PeerEtcdTLSEnabled() {
+		peerTLS, err := pki.ClientTLSConfig(opts.PeerEtcdCACert, opts.PeerEtcdCert, opts.PeerEtcdKey)
+		if err != nil {
+			return nil, fmt.Errorf("--peer-etcd-cacert/--peer-etcd-cert/--peer-etcd-key: %w", err)
+		}
+		peerClient = replicator.NewTLSPeerClient(peerTLS)
 	}
-	s.reg, err = New(opts, etcdstore.New(s.cli, etcdstore.Options{Logger: log}))
+
+	// The registrar exists before its backend does: it is only asked to
+	// load once load has connected the backend, and nothing reaches it
+	// through the API before then (the gate in startup.go).
+	s.startup = newStartup(log)
+	s.backend = &startupBackend{startup: s.startup}
+	s.reg, err = New(opts, s.backend)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +215,8 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 				"cert", opts.TLSCertFile)
 		}
 	} else {
-		log.Warn("PLAINTEXT: no --tls-cert/--tls-key, so gRPC and HTTP are unencrypted and unauthenticated and any client may write any endpoint; use this for local development only (see docs/security.md)")
+		log.Warn("PLAINTEXT: no --tls-cert/--tls-key, so gRPC and HTTP are unencrypted and unauthenticated and any client may write any endpoint; use this for local development only (see docs/security.md)",
+			"grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "loopback_only", loopback(s.GRPCAddr()) && loopback(s.HTTPAddr()))
 	}
 	if len(opts.EtcdEndpoints) > 0 && !opts.EtcdTLSEnabled() {
 		log.Warn("etcd client connection without TLS (no --etcd-cacert/--etcd-cert/--etcd-key)", "endpoints", opts.EtcdEndpoints)
@@ -211,10 +245,6 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		}
 	}()
 
-	if err = s.reg.Start(ctx); err != nil {
-		return nil, err
-	}
-
 	s.grpc = grpc.NewServer(append(grpcCreds,
 		wireCodecOption(),
 		// gRPC refuses a larger request itself with RESOURCE_EXHAUSTED
@@ -222,6 +252,8 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.ChainUnaryInterceptor(s.startup.unary),
+		grpc.ChainStreamInterceptor(s.startup.stream),
 	)...)
 	s.reg.registerGRPC(s.grpc, newWireCache())
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -231,14 +263,76 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 			log.Error("grpc server stopped", "err", err)
 		}
 	}()
-	var peerClient func(replicator.Peer) (*clientv3.Client, error)
-	if opts.PeerEtcdTLSEnabled() {
-		peerTLS, err := pki.ClientTLSConfig(opts.PeerEtcdCACert, opts.PeerEtcdCert, opts.PeerEtcdKey)
-		if err != nil {
-			return nil, fmt.Errorf("--peer-etcd-cacert/--peer-etcd-cert/--peer-etcd-key: %w", err)
+
+	loadCtx, cancel := context.WithCancel(ctx)
+	s.loadStop = cancel
+	go func() {
+		defer close(s.loadDone)
+		switch err := s.load(loadCtx, etcdCfg, peers, peerClient); {
+		case err == nil:
+		case loadCtx.Err() != nil:
+			s.startup.abandon(err)
+		default:
+			s.startup.fail(err)
 		}
-		peerClient = replicator.NewTLSPeerClient(peerTLS)
+	}()
+	return s, nil
+}
+
+// load is the background part of a start: the embedded etcd (if any), the
+// etcd client, the snapshot, the replicator. Only once all of it is done
+// does the server report ready.
+func (s *Server) load(ctx context.Context, etcdCfg clientv3.Config, peers []replicator.Peer, peerClient func(replicator.Peer) (*clientv3.Client, error)) error {
+	opts, log := s.opts, s.opts.Logger
+	endpoints := opts.EtcdEndpoints
+	if len(endpoints) == 0 {
+		dir := filepath.Join(opts.DataDir, "etcd")
+		s.startup.waitFor("starting its embedded etcd in " + dir)
+		etcd, err := embedetcd.Start(ctx, embedetcd.Config{
+			Dir:        dir,
+			ClientAddr: opts.EmbeddedEtcdAddr,
+			PeerAddr:   opts.EmbeddedEtcdPeerAddr,
+			Logger:     log,
+			ClientTLS: embedetcd.TLS{
+				CertFile: opts.EmbeddedEtcdCert,
+				KeyFile:  opts.EmbeddedEtcdKey,
+				CAFile:   opts.EmbeddedEtcdClientCA,
+			},
+			PeerTLS: embedetcd.TLS{
+				CertFile: opts.EmbeddedEtcdPeerCert,
+				KeyFile:  opts.EmbeddedEtcdPeerKey,
+				CAFile:   opts.EmbeddedEtcdPeerCA,
+			},
+		})
+		if err != nil {
+			return err
+		}
+		s.etcd = etcd
+		if opts.EmbeddedEtcdCert == "" && !loopback(opts.EmbeddedEtcdAddr) {
+			log.Warn("embedded etcd serves clients without TLS (no --embedded-etcd-cert/--embedded-etcd-key); any host that reaches --embedded-etcd-addr can read and write the registry; add them or listen on loopback", "addr", opts.EmbeddedEtcdAddr)
+		}
+		endpoints = s.etcd.Endpoints()
+		log.Info("embedded etcd started", "data_dir", opts.DataDir, "endpoints", endpoints)
 	}
+	etcdCfg.Endpoints = endpoints
+	cli, err := clientv3.New(etcdCfg)
+	if err != nil {
+		return fmt.Errorf("--etcd-endpoints %v: %w", endpoints, err)
+	}
+	s.cli = cli
+	s.backend.Backend = etcdstore.New(s.cli, etcdstore.Options{Logger: log})
+
+	s.startup.waitFor("loading its snapshot from etcd at " + strings.Join(endpoints, ","))
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	probed := make(chan struct{})
+	go func() { defer close(probed); s.startup.probe(probeCtx, endpoints, etcdCfg.TLS) }()
+	err = s.reg.Start(ctx)
+	stopProbe()
+	<-probed
+	if err != nil {
+		return err
+	}
+
 	if len(peers) > 0 {
 		// The replicator is hosted here because it needs what the registrar
 		// already has: the local etcd client, and replicas to elect among.
@@ -253,7 +347,7 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 			Registerer: s.reg.metrics.reg,
 		})
 		if err != nil {
-			return nil, fmt.Errorf("--peer-etcd: %w", err)
+			return fmt.Errorf("--peer-etcd: %w", err)
 		}
 		s.reg.repl = s.repl
 		rctx, cancel := context.WithCancel(context.Background())
@@ -266,11 +360,23 @@ func Start(ctx context.Context, opts Options) (_ *Server, err error) {
 		}()
 		log.Info("multi-region replication configured", "peers", len(peers), "lease_ttl", opts.ReplicationLeaseTTL)
 	}
+	s.startup.ready()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(registrarv1.Registrar_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	log.Info("registrar serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(),
 		"cluster", opts.ClusterName, "region", opts.Region, "tls", opts.TLSEnabled(), "mtls", opts.AuthzEnabled())
-	return s, nil
+	return nil
+}
+
+// WaitReady waits until the snapshot is loaded and the registrar serves
+// (nil), the start failed (its error), or ctx ends.
+func (s *Server) WaitReady(ctx context.Context) error {
+	select {
+	case <-s.loadDone:
+		return s.startup.outcome()
+	case <-ctx.Done():
+		return fmt.Errorf("registrar not ready: %s: %w", s.startup.reason(), ctx.Err())
+	}
 }
 
 // loopback reports whether host:port listens on loopback only.
@@ -317,16 +423,6 @@ func embeddedEtcdClientTLS(opts Options) (*tls.Config, error) {
 	return cfg, nil
 }
 
-func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
-	if s.reg == nil || !s.reg.Ready() {
-		http.Error(w, "loading snapshot", http.StatusServiceUnavailable)
-		return
-	}
-	// Ready even while etcd is unreachable: serving from the snapshot and
-	// queueing writes is exactly what the registrar is for then.
-	fmt.Fprintf(w, "ok pending_writes=%d\n", s.reg.PendingWrites())
-}
-
 // GRPCAddr is the bound gRPC address (useful with port 0).
 func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
 
@@ -345,6 +441,10 @@ func (s *Server) EtcdEndpoints() []string { return s.cli.Endpoints() }
 // Close stops serving, persists what is queued (bounded by ctx) and stops
 // etcd if embedded.
 func (s *Server) Close(ctx context.Context) error {
+	// A start still loading is abandoned first: load owns the etcd and
+	// the registrar's loops until it returns.
+	s.loadStop()
+	<-s.loadDone
 	s.health.Shutdown()
 	s.reg.EndStreams()
 	done := make(chan struct{})

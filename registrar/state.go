@@ -60,6 +60,9 @@ type state struct {
 	// add an endpoint to a node holding maxPerNode (0: unlimited) already.
 	byNode     map[registry.NodeID]int
 	maxPerNode int
+	// byNodeServing counts the SERVING ones among them, for the held
+	// counts ListNodes reports.
+	byNodeServing map[registry.NodeID]int
 
 	// endpoints by service, then identity. Stored values are immutable:
 	// an update replaces the pointer, so snapshots handed to streams need
@@ -90,21 +93,94 @@ type state struct {
 	// track notes the watch's changes while a background re-list is out
 	// (relist.go); nil otherwise.
 	track *relistTrack
+
+	// clock stamps every acknowledged write (registry.HLC); it observes
+	// every stamp the backend reports, so a write acknowledged after this
+	// replica saw another's is ordered after it.
+	clock registry.HLC
+	// base is, per key, the mod revisions of the key and of its tombstone
+	// in the backend as last seen: the guesses an ordered flush swaps
+	// against (etcdstore.ApplyOrdered). A wrong guess costs the flush a
+	// round trip, never correctness, so it is kept only where cheap to
+	// know.
+	base map[registry.EndpointID]baseRev
+}
+
+// baseRev is what the backend was last seen to hold for a key: the key's
+// and its tombstone's mod revisions (0: absent), learned at revision seen.
+type baseRev struct{ key, tomb, seen int64 }
+
+// noteBase records the backend's revisions of a key learned at seen,
+// unless something newer is known already.
+func (s *state) noteBase(id registry.EndpointID, key, tomb, seen int64) {
+	if b, ok := s.base[id]; ok && b.seen > seen {
+		return
+	}
+	if key == 0 && tomb == 0 {
+		delete(s.base, id) // what a key with no entry is guessed to be
+		return
+	}
+	s.base[id] = baseRev{key: key, tomb: tomb, seen: seen}
+}
+
+// noteWatched takes what the watch says a key holds as the next ordered
+// flush's guess, but only where the local write waiting for that flush is
+// known to be newer: a swap against a revision succeeds without looking at
+// the value there, so the guess must never name a value stamped after the
+// write that will swap against it. Where the local write may be older (a
+// value stamped later, or a delete, whose stamp is in its tombstone, which
+// no watch carries), the old guess stays; it fails, and the flush reads
+// the key and decides by the stamps.
+func (s *state) noteWatched(e etcdstore.Event) {
+	if w, ok := s.queue.latest(e.ID); ok {
+		if e.Endpoint == nil || registry.CompareStamps(w.stamp, e.Endpoint.GetStamp()) < 0 {
+			return
+		}
+	}
+	if e.Endpoint != nil {
+		s.noteBase(e.ID, e.Revision, s.base[e.ID].tomb, e.Revision)
+	} else {
+		s.noteBase(e.ID, 0, s.base[e.ID].tomb, e.Revision)
+	}
+}
+
+// nodeStamp is the stamp of a node record written now, after prev.
+func (s *state) nodeStamp(prev *registryv1.Node, now time.Time) *registryv1.WriteStamp {
+	if st := prev.GetStamp(); st != nil {
+		s.clock.Observe(st.GetHlc())
+	}
+	return &registryv1.WriteStamp{Hlc: s.clock.Next(now), Writer: s.epoch}
+}
+
+// observe pulls the clock past a stamp the backend reported.
+func (s *state) observe(ep *registryv1.ServiceEndpoint) {
+	if st := ep.GetStamp(); st != nil {
+		s.clock.Observe(st.GetHlc())
+	}
+}
+
+// stamp is the order of a write acknowledged now, after prev (the value
+// the snapshot holds, nil if none).
+func (s *state) stamp(prev *registryv1.ServiceEndpoint, now time.Time) *registryv1.WriteStamp {
+	s.observe(prev)
+	return &registryv1.WriteStamp{Hlc: s.clock.Next(now), Writer: s.epoch}
 }
 
 func newState(epoch string, historySize, queueLimit int) *state {
 	return &state{
-		epoch:       epoch,
-		hist:        newHistory(historySize),
-		byCount:     map[string]int{},
-		byNode:      map[registry.NodeID]int{},
-		endpoints:   map[string]map[registry.EndpointID]*registryv1.ServiceEndpoint{},
-		queue:       newWriteQueue(queueLimit),
-		flushed:     map[registry.EndpointID]int64{},
-		epRev:       map[registry.EndpointID]int64{},
-		nodeRev:     map[registry.NodeID]int64{},
-		nodes:       map[registry.NodeID]*registryv1.Node{},
-		nodeFlushed: map[registry.NodeID]int64{},
+		epoch:         epoch,
+		hist:          newHistory(historySize),
+		byCount:       map[string]int{},
+		byNode:        map[registry.NodeID]int{},
+		byNodeServing: map[registry.NodeID]int{},
+		endpoints:     map[string]map[registry.EndpointID]*registryv1.ServiceEndpoint{},
+		queue:         newWriteQueue(queueLimit),
+		flushed:       map[registry.EndpointID]int64{},
+		epRev:         map[registry.EndpointID]int64{},
+		nodeRev:       map[registry.NodeID]int64{},
+		nodes:         map[registry.NodeID]*registryv1.Node{},
+		nodeFlushed:   map[registry.NodeID]int64{},
+		base:          map[registry.EndpointID]baseRev{},
 	}
 }
 
@@ -159,7 +235,7 @@ func (s *state) set(id registry.EndpointID, ep *registryv1.ServiceEndpoint) *reg
 		}
 		typ = registrarv1.EndpointEvent_ENDPOINT_UPDATED
 		s.endpoints[id.Service][id] = ep
-		if prev.Node != ep.Node {
+		if prev.Node != ep.Node || prev.State != ep.State {
 			s.countNode(id, prev, -1)
 			s.countNode(id, ep, 1)
 		}
@@ -181,7 +257,9 @@ func (s *state) setAt(id registry.EndpointID, ep *registryv1.ServiceEndpoint, re
 	ev := s.set(id, ep)
 	if ep != nil && rev > 0 {
 		s.epRev[id] = rev
+		s.noteBase(id, rev, s.base[id].tomb, rev)
 	}
+	s.observe(ep)
 	return ev
 }
 
@@ -203,17 +281,25 @@ func (s *state) countNode(id registry.EndpointID, ep *registryv1.ServiceEndpoint
 	if s.byNode[n] += d; s.byNode[n] <= 0 {
 		delete(s.byNode, n)
 	}
+	if ep.GetState() == registryv1.State_STATE_SERVING {
+		if s.byNodeServing[n] += d; s.byNodeServing[n] <= 0 {
+			delete(s.byNodeServing, n)
+		}
+	}
 }
 
 // register applies a validated, normalized endpoint from a client. It returns
 // the stored endpoint and the event (nil when nothing changed).
+//
+// A write that changes no attribute still gets a stamp and is persisted,
+// without an event: this replica's snapshot may lag a newer write through
+// another replica, and the write acknowledged last must be the one that
+// stays.
 func (s *state) register(ep *registryv1.ServiceEndpoint, now time.Time) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
 	id := registry.IDOf(ep)
 	prev := s.get(id)
-	if prev != nil && registry.SameAttributes(prev, ep) {
-		return prev, nil, nil
-	}
-	if n, ok := nodeOf(id, ep); ok && s.maxPerNode > 0 && (prev == nil || prev.Node != ep.Node) && s.byNode[n] >= s.maxPerNode {
+	same := prev != nil && registry.SameAttributes(prev, ep)
+	if n, ok := nodeOf(id, ep); ok && !same && s.maxPerNode > 0 && (prev == nil || prev.Node != ep.Node) && s.byNode[n] >= s.maxPerNode {
 		return nil, nil, &nodeFullError{node: n, count: s.byNode[n], limit: s.maxPerNode}
 	}
 	if !s.queue.admits(id) {
@@ -225,7 +311,14 @@ func (s *state) register(ep *registryv1.ServiceEndpoint, now time.Time) (*regist
 	if prev != nil {
 		ep.CreatedAt = prev.CreatedAt
 	}
-	s.queue.put(id, ep, prev == nil)
+	ep.Stamp = s.stamp(prev, now)
+	s.queue.put(id, ep, now)
+	if same {
+		ep.UpdatedAt = prev.UpdatedAt
+		s.endpoints[id.Service][id] = ep
+		delete(s.epRev, id)
+		return ep, nil, nil
+	}
 	return ep, s.set(id, ep), nil
 }
 
@@ -236,24 +329,37 @@ func (s *state) drain(id registry.EndpointID, now time.Time) (*registryv1.Servic
 	if prev == nil {
 		return nil, nil, fmt.Errorf("%w: %s", errNotFound, id)
 	}
-	if prev.State == registryv1.State_STATE_DRAINING {
-		return prev, nil, nil
-	}
+	// A drain of a draining endpoint changes nothing here, but is stamped
+	// and persisted all the same (see register).
 	ep := proto.Clone(prev).(*registryv1.ServiceEndpoint)
 	ep.State = registryv1.State_STATE_DRAINING
 	return s.register(ep, now)
 }
 
 // unregister removes an endpoint a client named.
-func (s *state) unregister(id registry.EndpointID) (*registrarv1.EndpointEvent, error) {
-	if s.get(id) == nil {
+func (s *state) unregister(id registry.EndpointID, now time.Time) (*registrarv1.EndpointEvent, error) {
+	prev := s.get(id)
+	if prev == nil {
 		return nil, fmt.Errorf("%w: %s", errNotFound, id)
 	}
 	if !s.queue.admits(id) {
 		return nil, errQueueFull
 	}
-	s.queue.del(id)
+	s.queue.del(id, s.stamp(prev, now), now)
 	return s.set(id, nil), nil
+}
+
+// adopt takes into the snapshot a value read from the backend outside the
+// watch: ep, written at rev, read at revision at. Nothing changes if the
+// snapshot already holds the key, a local write of it is unpersisted, or
+// the snapshot is already past at. Older reports of the key (the watch
+// catching up) are ignored from now on, as for our own flushes.
+func (s *state) adopt(id registry.EndpointID, ep *registryv1.ServiceEndpoint, rev, at int64) *registrarv1.EndpointEvent {
+	if s.get(id) != nil || s.guarded(id, at) || at <= s.backendRv {
+		return nil
+	}
+	s.flushed[id] = rev
+	return s.setAt(id, ep, rev)
 }
 
 // guarded reports whether the backend's word on id must be ignored because
@@ -268,6 +374,8 @@ func (s *state) applyWatch(b etcdstore.WatchBatch) []*registrarv1.EndpointEvent 
 	var evs []*registrarv1.EndpointEvent
 	for _, e := range b.Events {
 		s.noteEndpoint(e.ID, e.Revision)
+		s.noteWatched(e)
+		s.observe(e.Endpoint)
 		if e.Revision <= s.backendRv || s.guarded(e.ID, e.Revision) {
 			continue
 		}
@@ -370,28 +478,95 @@ func (s *state) advance(rev int64) {
 	}
 }
 
-// takeBatch hands up to max pending writes to the flusher.
-func (s *state) takeBatch(max int) []etcdstore.Mutation { return s.queue.take(max) }
+// takeBatch hands up to max writes to the flusher, each with the backend
+// revisions of its key as last seen (the ordered flush's guesses).
+func (s *state) takeBatch(max int, now time.Time) []etcdstore.Mutation {
+	b := s.queue.take(max, now)
+	for i := range b {
+		base := s.base[b[i].ID]
+		b[i].KeyRev, b[i].TombRev = base.key, base.tomb
+	}
+	return b
+}
 
-// batchDone records that a batch landed at revision rev. Where no newer
-// local write is waiting, the stored value is the one that landed: the
-// watch cannot have changed it while the write was held.
+// batchDone records that a whole batch landed at revision rev.
 func (s *state) batchDone(b []etcdstore.Mutation, rev int64) {
-	for _, m := range b {
-		if rev > s.backendRv {
-			s.flushed[m.ID] = rev
+	outs := make([]etcdstore.Outcome, len(b))
+	for i, m := range b {
+		outs[i] = etcdstore.Outcome{Landed: true, Revision: rev}
+		if m.Endpoint != nil {
+			outs[i].KeyRev = rev
+		} else {
+			outs[i].TombRev = rev
 		}
 	}
-	s.queue.done(b)
-	for _, m := range b {
-		if m.Endpoint != nil && !s.queue.holds(m.ID) && s.get(m.ID) == m.Endpoint {
-			s.epRev[m.ID] = rev
+	s.batchSettled(b, outs, time.Time{})
+}
+
+// batchSettled records what became of each write of a flushed batch
+// (etcdstore.ApplyOrdered's outcomes) and returns the events it caused:
+//
+//   - Landed: where no newer local write is waiting, the stored value is
+//     the one that landed (the watch cannot have changed it while the
+//     write was held).
+//   - Superseded: the backend holds a write of the key stamped after
+//     ours, from another replica; the snapshot takes it, unless a newer
+//     local write is waiting (which will be ordered in its turn).
+//   - Refused permanently: isolated (writeQueue.isolate).
+//   - Not settled: back to pending.
+func (s *state) batchSettled(b []etcdstore.Mutation, outs []etcdstore.Outcome, now time.Time) []*registrarv1.EndpointEvent {
+	var evs []*registrarv1.EndpointEvent
+	for i, m := range b {
+		o := outs[i]
+		switch {
+		case o.Landed:
+			if o.Revision > s.backendRv {
+				s.flushed[m.ID] = o.Revision
+			}
+			s.noteBase(m.ID, o.KeyRev, o.TombRev, o.Revision)
+			s.queue.done(m.ID)
+			if m.Endpoint != nil && !s.queue.holds(m.ID) && s.get(m.ID) == m.Endpoint {
+				s.epRev[m.ID] = o.Revision
+			}
+		case o.Superseded:
+			at := max(o.KeyRev, o.TombRev)
+			s.noteBase(m.ID, o.KeyRev, o.TombRev, at)
+			if st := o.CurrentStamp; st != nil {
+				s.clock.Observe(st.GetHlc())
+			}
+			s.queue.done(m.ID)
+			if s.queue.holds(m.ID) {
+				continue
+			}
+			// The backend's value is as of revision at; older reports of
+			// the key (a watch lagging behind) must not undo it.
+			if at > s.backendRv {
+				s.flushed[m.ID] = at
+			}
+			if ev := s.setAt(m.ID, o.Current, o.KeyRev); ev != nil {
+				evs = append(evs, ev)
+			}
+		case o.Err != nil:
+			s.queue.isolate(m.ID, o.Err.Error(), now)
+		default:
+			// The revisions it read are the latest known: guess them next.
+			if o.KeyRev == 0 && o.TombRev == 0 {
+				delete(s.base, m.ID)
+			} else {
+				s.base[m.ID] = baseRev{key: o.KeyRev, tomb: o.TombRev, seen: s.base[m.ID].seen}
+			}
+			s.queue.failed(m.ID)
 		}
 	}
+	return evs
 }
 
 // batchFailed returns a batch to the queue; writes made since take priority.
-func (s *state) batchFailed(b []etcdstore.Mutation) { s.queue.failed(b) }
+func (s *state) batchFailed(b []etcdstore.Mutation) {
+	for _, m := range b {
+		s.queue.failed(m.ID)
+	}
+}
 
 // snapshot returns the endpoints that match f, and the sequence they are
 // current as of.

@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"errors"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -69,11 +70,11 @@ func TestRegisterUpdateUnregister(t *testing.T) {
 		t.Fatalf("timestamps: created %v updated %v", stored.CreatedAt.AsTime(), stored.UpdatedAt.AsTime())
 	}
 	id := registry.IDOf(stored)
-	ev, err = s.unregister(id)
+	ev, err = s.unregister(id, time.Time{})
 	if err != nil || ev.Type != registrarv1.EndpointEvent_ENDPOINT_REMOVED || ev.Endpoint.State != registryv1.State_STATE_DRAINING {
 		t.Fatalf("unregister: %v %v", ev, err)
 	}
-	if _, err := s.unregister(id); !errors.Is(err, errNotFound) {
+	if _, err := s.unregister(id, time.Time{}); !errors.Is(err, errNotFound) {
 		t.Fatalf("second unregister: %v", err)
 	}
 	if s.seq != 3 || s.len() != 0 || len(s.byCount) != 0 {
@@ -87,15 +88,22 @@ func TestWriteQueueCoalesces(t *testing.T) {
 	s.register(a, t0)
 	s.register(mkEP(t, "web", "10.0.0.1", draining), t0)
 	s.register(mkEP(t, "web", "10.0.0.2"), t0)
-	s.unregister(registry.IDOf(mkEP(t, "web", "10.0.0.2")))
-	b := s.takeBatch(100)
-	if len(b) != 1 || b[0].Endpoint.State != registryv1.State_STATE_DRAINING {
-		t.Fatalf("batch = %+v; want only the latest write of 10.0.0.1 (10.0.0.2 nets out)", b)
+	s.unregister(registry.IDOf(mkEP(t, "web", "10.0.0.2")), t0)
+	b := s.takeBatch(100, t0)
+	sort.Slice(b, func(i, j int) bool { return b[i].ID.IP < b[j].ID.IP })
+	// Only the latest write of each key goes out. 10.0.0.2 does not net
+	// out although the backend never saw it: another replica may have
+	// written it meanwhile with an older stamp, and the delete's stamp
+	// (its tombstone) must be there to win over that write.
+	if len(b) != 2 || b[0].Endpoint.GetState() != registryv1.State_STATE_DRAINING || b[1].Endpoint != nil || b[1].Stamp == nil {
+		t.Fatalf("batch = %+v; want the latest write of 10.0.0.1 and a stamped delete of 10.0.0.2", b)
+	}
+	if registry.CompareStamps(b[0].Endpoint.GetStamp(), b[1].Stamp) >= 0 {
+		t.Fatalf("stamps %v then %v: a later write must be stamped later", b[0].Endpoint.GetStamp(), b[1].Stamp)
 	}
 	s.batchDone(b, 5)
-	// An endpoint the backend has seen does not net out: its delete must be written.
-	s.unregister(registry.IDOf(a))
-	b = s.takeBatch(100)
+	s.unregister(registry.IDOf(a), t0)
+	b = s.takeBatch(100, t0)
 	if len(b) != 1 || b[0].Endpoint != nil {
 		t.Fatalf("batch = %+v; want one delete", b)
 	}
@@ -116,7 +124,7 @@ func TestWriteQueueLimit(t *testing.T) {
 		t.Fatalf("update of queued key: %v", err)
 	}
 	// In flight still counts against the limit until confirmed.
-	b := s.takeBatch(100)
+	b := s.takeBatch(100, time.Time{})
 	if _, _, err := s.register(mkEP(t, "web", "10.0.0.3"), t0); !errors.Is(err, errQueueFull) {
 		t.Fatalf("with writes in flight: %v, want errQueueFull", err)
 	}
@@ -130,11 +138,11 @@ func TestFailedFlushKeepsWrites(t *testing.T) {
 	s := newState("e", 100, 100)
 	s.register(mkEP(t, "web", "10.0.0.1"), t0)
 	s.register(mkEP(t, "web", "10.0.0.2"), t0)
-	b := s.takeBatch(100)
+	b := s.takeBatch(100, time.Time{})
 	// A newer write to one key arrives while the batch is in flight.
 	s.register(mkEP(t, "web", "10.0.0.1", draining), t0)
 	s.batchFailed(b)
-	b = s.takeBatch(100)
+	b = s.takeBatch(100, time.Time{})
 	if len(b) != 2 {
 		t.Fatalf("after failure, batch = %d writes, want 2", len(b))
 	}
@@ -194,7 +202,7 @@ func TestLocalWritesWinUntilPersisted(t *testing.T) {
 	if evs := s.applyListing(listing(11)); len(evs) != 0 {
 		t.Fatalf("listing reverted a pending register: %v", types(evs))
 	}
-	b := s.takeBatch(10)
+	b := s.takeBatch(10, time.Time{})
 	// In flight: same.
 	if evs := s.applyListing(listing(12)); len(evs) != 0 {
 		t.Fatalf("listing reverted an in-flight register: %v", types(evs))
@@ -223,9 +231,9 @@ func TestLocalWritesWinUntilPersisted(t *testing.T) {
 	// Unregister wins the same way: a listing that still has it does not
 	// bring it back while the delete is pending.
 	s.register(a, t0)
-	s.batchDone(s.takeBatch(10), 17)
+	s.batchDone(s.takeBatch(10, time.Time{}), 17)
 	s.applyListing(listing(17, a))
-	s.unregister(registry.IDOf(a))
+	s.unregister(registry.IDOf(a), time.Time{})
 	if evs := s.applyListing(listing(18, a)); len(evs) != 0 {
 		t.Fatalf("listing resurrected a pending unregister: %v", types(evs))
 	}
@@ -366,7 +374,7 @@ func TestGhosts(t *testing.T) {
 		t.Fatal("stale listing dropped a node we just wrote")
 	}
 	// A newer listing without it does.
-	s.batchDone(s.takeBatch(100), 6)
+	s.batchDone(s.takeBatch(100, time.Time{}), 6)
 	s.applyListing(listing(10, s.snapshotAll()...))
 	if n := len(s.ghosts("r", "c", now, 30*time.Second)); n != 2 {
 		t.Fatalf("after the node's record is gone: %d ghosts, want 2", n)
@@ -398,7 +406,7 @@ func TestNodeEndpointCounts(t *testing.T) {
 	}
 	unreg := func(svc, ip string) func(*testing.T, *state) error {
 		return func(t *testing.T, s *state) error {
-			_, err := s.unregister(registry.IDOf(mkEP(t, svc, ip)))
+			_, err := s.unregister(registry.IDOf(mkEP(t, svc, ip)), time.Time{})
 			return err
 		}
 	}

@@ -26,8 +26,36 @@ import (
 type encodedEvent []byte
 
 // wireCodec is the standard proto codec, except that an encodedEvent is
-// sent as it is.
+// sent as it is, and that requests are decoded as ingress.go describes:
+// unknown fields dropped, and a decode error into a decodeTarget kept in
+// it for decodeRequest to report.
 type wireCodec struct{ encoding.CodecV2 }
+
+func (c wireCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	var m proto.Message
+	switch v := v.(type) {
+	case *decodeTarget:
+		m = v.Message
+	case proto.Message:
+		m = v
+	default:
+		return c.CodecV2.Unmarshal(data, v)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	b := buf.ReadOnlyData()
+	// Fields this build does not know are dropped: kept, they would be
+	// stored and echoed with no limit covering them (see
+	// registry.DiscardUnknown).
+	err := proto.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, m)
+	if t, ok := v.(*decodeTarget); ok {
+		if err != nil {
+			t.err = describeDecodeError(b, m.ProtoReflect().Descriptor(), err)
+		}
+		return nil
+	}
+	return err
+}
 
 func (c wireCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if b, ok := v.(encodedEvent); ok {

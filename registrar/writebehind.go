@@ -35,13 +35,22 @@ func (r *Registrar) runFlusher(ctx context.Context) {
 	for {
 		r.mu.Lock()
 		pending := len(r.st.queue.pending)
+		retry := r.st.queue.nextRetry()
 		r.mu.Unlock()
 		wait := r.opts.WriteBatchInterval - time.Since(lastFlush)
+		if !retry.IsZero() && pending == 0 {
+			// Only isolated writes wait: offer them again when due.
+			if until := retry.Sub(r.now()); until > 0 {
+				wait = max(wait, until)
+			} else {
+				pending = 1
+			}
+		}
 		if pending == 0 || (wait > 0 && pending < r.opts.WriteBatchSize) {
 			var t *time.Timer
 			var timeout <-chan time.Time
-			if pending > 0 {
-				t = time.NewTimer(wait)
+			if pending > 0 || !retry.IsZero() {
+				t = time.NewTimer(max(wait, 0))
 				timeout = t.C
 			}
 			select {
@@ -89,36 +98,58 @@ func (r *Registrar) flush(ctx context.Context) error {
 }
 
 // flushOnce writes one batch of pending writes (at most maxFlushOps) and
-// says how many it wrote.
+// says how many it wrote. The backend keeps, per key, the newest stamp
+// (ApplyOrdered): a write another replica overtook is settled by taking
+// the newer value into the snapshot; a write the backend refuses
+// permanently is isolated, and the rest of the batch lands regardless.
 func (r *Registrar) flushOnce(ctx context.Context) (int, error) {
 	r.mu.Lock()
-	b := r.st.takeBatch(maxFlushOps)
+	b := r.st.takeBatch(maxFlushOps, r.now())
 	r.mu.Unlock()
 	if len(b) == 0 {
 		return 0, nil
 	}
 	start := time.Now()
 	actx, cancel := context.WithTimeout(ctx, flushTimeout)
-	revs, err := r.backend.ApplyEach(actx, b)
+	outs, err := r.backend.ApplyOrdered(actx, b)
 	cancel()
+	now := r.now()
+	landed, refused := 0, 0
 	r.mu.Lock()
-	if err != nil {
+	if outs == nil {
 		r.st.batchFailed(b)
 	} else {
-		// A large batch takes several Txns, each landing at its own
-		// revision.
-		for lo := 0; lo < len(b); {
-			hi := lo + 1
-			for hi < len(b) && revs[hi] == revs[lo] {
-				hi++
+		evs := r.st.batchSettled(b, outs, now)
+		if len(evs) > 0 {
+			r.hub.publish(evs)
+		}
+		r.settleBatch(b, outs)
+		for i, o := range outs {
+			switch {
+			case o.Landed:
+				landed++
+			case o.Superseded:
+				landed++
+				r.metrics.superseded.Inc()
+			case o.Err != nil:
+				refused++
+				k, _ := b[i].ID.Key()
+				r.log.Error("the backend refused a write permanently; it is isolated and retried now and then, the other writes go on",
+					"key", k, "err", o.Err, "retry_in", isolationRetry)
 			}
-			r.st.batchDone(b[lo:hi], revs[lo])
-			lo = hi
 		}
 	}
-	r.mu.Unlock()
 	if err != nil {
-		return 0, err
+		r.persist.lastErr, r.persist.lastErrAt = err.Error(), now
+	} else {
+		r.persist.lastFlushAt = now
+	}
+	r.mu.Unlock()
+	if refused > 0 {
+		r.metrics.writesRefused.Add(float64(refused))
+	}
+	if err != nil {
+		return landed, err
 	}
 	r.metrics.batchSize.Observe(float64(len(b)))
 	r.metrics.flushDuration.Observe(time.Since(start).Seconds())

@@ -177,7 +177,7 @@ func TestHealthReflectionAndMetrics(t *testing.T) {
 	r.Body.Close()
 	for _, want := range []string{
 		"registrar_connected_agents 1",
-		`registrar_endpoint_count{cluster="c1"} 1`,
+		`registrar_endpoints{cluster="c1"} 1`,
 		"registrar_sync_duration_seconds_count",
 		"registrar_sync_errors_total 0",
 		"registrar_write_batch_size_count 1",

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"errors"
+	"github.com/aethermesh/aether/internal/testutil/prototest"
 	"strings"
 	"testing"
 
@@ -60,7 +61,8 @@ func FuzzParseEndpointKey(f *testing.F) {
 
 // FuzzNormalizeEndpoint: validation never panics, every rejection is a
 // FieldError (which the registrar turns into INVALID_ARGUMENT), and every
-// acceptance yields an endpoint with a valid key that survives the codec.
+// acceptance yields an endpoint with a valid key, no unknown fields and an
+// encoding within the byte bound, that survives the codec.
 func FuzzNormalizeEndpoint(f *testing.F) {
 	for _, ep := range []*registryv1.ServiceEndpoint{
 		{Service: "web", Protocol: 1, Ip: "10.0.0.1", Region: "r", Cluster: "c", Ports: []*registryv1.Port{{Port: 80}}},
@@ -73,6 +75,7 @@ func FuzzNormalizeEndpoint(f *testing.F) {
 			f.Fatal(err)
 		}
 		f.Add(b)
+		f.Add(append(b, unknownField(64)...)) // a field of a newer API version
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		in := &registryv1.ServiceEndpoint{}
@@ -91,9 +94,15 @@ func FuzzNormalizeEndpoint(f *testing.F) {
 		if err != nil {
 			t.Fatalf("accepted endpoint has no valid key: %v", err)
 		}
+		if n := prototest.UnknownBytes(t, ep); n != 0 {
+			t.Fatalf("accepted endpoint keeps %d bytes of unknown fields", n)
+		}
 		val, err := EncodeEndpoint(ep)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if len(val) > DefaultMaxEndpointBytes {
+			t.Fatalf("accepted endpoint encodes to %d bytes, over the bound of %d", len(val), DefaultMaxEndpointBytes)
 		}
 		back, err := DecodeEndpoint(key, val)
 		if err != nil || !proto.Equal(back, ep) {

@@ -3,6 +3,7 @@ package registry
 import (
 	"fmt"
 	"strings"
+	"unicode/utf8"
 )
 
 // MaxNameLen bounds every name that becomes a key segment (region, cluster,
@@ -21,20 +22,24 @@ func ValidateName(what, name string) error {
 	if len(name) > MaxNameLen {
 		return fmt.Errorf("%s is %d bytes long; the limit is %d", what, len(name), MaxNameLen)
 	}
-	for i := 0; i < len(name); i++ {
-		c := name[i]
+	// By rune, not byte: a multi-byte character is reported as itself
+	// ('é'), not as the first byte of its UTF-8 encoding read as Latin-1.
+	last := len(name) - 1
+	for i, c := range name {
 		switch {
 		case c == '/':
 			return fmt.Errorf("%s %q must not contain '/'", what, name)
 		case c == 0:
 			return fmt.Errorf("%s %q must not contain a NUL byte", what, name)
-		case isAlnum(c):
+		case c < utf8.RuneSelf && isAlnum(byte(c)):
 		case c == '.' || c == '_' || c == '-':
-			if i == 0 || i == len(name)-1 {
+			if i == 0 || i == last {
 				return fmt.Errorf("%s %q must start and end with a letter or digit", what, name)
 			}
+		case c == utf8.RuneError && invalidByte(name[i:]):
+			return fmt.Errorf("%s %q is not valid UTF-8 (byte %#02x at offset %d); allowed are letters, digits, '.', '_' and '-'", what, name, name[i], i)
 		default:
-			return fmt.Errorf("%s %q contains %q; allowed are letters, digits, '.', '_' and '-'", what, name, string(rune(c)))
+			return fmt.Errorf("%s %q contains %q; allowed are letters, digits, '.', '_' and '-'", what, name, string(c))
 		}
 	}
 	if strings.Contains(name, "..") {
@@ -45,4 +50,11 @@ func ValidateName(what, name string) error {
 
 func isAlnum(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+}
+
+// invalidByte reports whether s starts with a byte that is not valid UTF-8
+// (range yields utf8.RuneError for it, as it does for a real U+FFFD).
+func invalidByte(s string) bool {
+	_, size := utf8.DecodeRuneInString(s)
+	return size == 1
 }

@@ -105,14 +105,16 @@ const MaxNodeServices = 256
 
 // NormalizeNode validates a node record from a request and returns the
 // canonical copy to store: canonical address, services sorted and
-// de-duplicated, health defaulted. Lease fields and announced_at are
-// cleared; the registrar owns them.
+// de-duplicated, health defaulted, no unknown fields (see DiscardUnknown),
+// an encoding of at most lim.MaxNodeBytes. Lease fields, announced_at and
+// the stamp are cleared; the registrar owns them.
 func NormalizeNode(in *registryv1.Node, lim Limits) (*registryv1.Node, error) {
 	if in == nil {
 		return nil, &FieldError{Field: "node", Reason: "must be set"}
 	}
 	n := proto.Clone(in).(*registryv1.Node)
-	n.LeaseId, n.LeaseTtlSeconds, n.AnnouncedAt = 0, 0, nil
+	n.LeaseId, n.LeaseTtlSeconds, n.AnnouncedAt, n.Stamp = 0, 0, nil, nil
+	DiscardUnknown(n)
 	if err := ValidateName("node", n.Name); err != nil {
 		return nil, fieldErr("node.name", err)
 	}
@@ -167,6 +169,10 @@ func NormalizeNode(in *registryv1.Node, lim Limits) (*registryv1.Node, error) {
 	}
 	if len(n.Health.Message) > lim.MaxMetadataValueLen {
 		return nil, &FieldError{Field: "node.health.message", Reason: fmt.Sprintf("%d bytes; the limit is %d", len(n.Health.Message), lim.MaxMetadataValueLen)}
+	}
+	if size, max := proto.Size(n), lim.nodeBytes(); size > max {
+		return nil, &FieldError{Field: "node", Reason: fmt.Sprintf(
+			"encodes to %d bytes, more than the limit of %d for one stored node record (it must fit a backend request); carry fewer labels or services", size, max)}
 	}
 	return n, nil
 }

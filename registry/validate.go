@@ -6,6 +6,7 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 )
@@ -19,6 +20,16 @@ type Limits struct {
 	MaxMetadataValueLen int
 	MaxMetadataBytes    int // keys plus values
 	MaxWeight           uint32
+	// MaxEndpointBytes bounds an endpoint's encoding (EncodeEndpoint) as
+	// NormalizeEndpoint returns it, and MaxNodeBytes a node record's
+	// (EncodeNode) as NormalizeNode returns it. They are what makes an
+	// acknowledged write storable: the registrar writes a batch of
+	// endpoints in one backend transaction, and a value that cannot fit
+	// one would fail every flush it is part of. The other limits bound the
+	// parts; these bound the whole, whatever the other limits are set to.
+	// Zero or less means the default.
+	MaxEndpointBytes int
+	MaxNodeBytes     int
 }
 
 // DefaultLimits are the limits a registrar enforces unless configured.
@@ -29,6 +40,35 @@ var DefaultLimits = Limits{
 	MaxMetadataValueLen: 256,
 	MaxMetadataBytes:    4096,
 	MaxWeight:           1 << 16,
+	MaxEndpointBytes:    DefaultMaxEndpointBytes,
+	MaxNodeBytes:        DefaultMaxNodeBytes,
+}
+
+// DefaultMaxEndpointBytes is above the largest endpoint the other default
+// limits admit (every name at MaxNameLen, every port, all metadata), so it
+// refuses nothing they allow; and small enough that a transaction of a
+// full batch of them, keys and the registrar's timestamps and stamp
+// included, stays under etcd's default request size limit.
+// DefaultMaxNodeBytes is likewise above the largest node record the other
+// default limits admit (MaxNodeServices services of MaxNameLen); a node
+// record is written alone, so it only has to fit one request.
+const (
+	DefaultMaxEndpointBytes = 16 << 10
+	DefaultMaxNodeBytes     = 64 << 10
+)
+
+func (l Limits) endpointBytes() int {
+	if l.MaxEndpointBytes <= 0 {
+		return DefaultMaxEndpointBytes
+	}
+	return l.MaxEndpointBytes
+}
+
+func (l Limits) nodeBytes() int {
+	if l.MaxNodeBytes <= 0 {
+		return DefaultMaxNodeBytes
+	}
+	return l.MaxNodeBytes
 }
 
 // FieldError is a validation failure of one request field. The registrar
@@ -46,14 +86,17 @@ func fieldErr(field string, err error) *FieldError {
 
 // NormalizeEndpoint validates an endpoint from a request and returns the
 // canonical copy to store: canonical IP, default state SERVING, weight 1,
-// a single unnamed port named after its protocol, ports sorted by name.
-// The input is not modified. Timestamps are cleared; the caller owns them.
+// a single unnamed port named after its protocol, ports sorted by name,
+// no unknown fields (see DiscardUnknown), and an encoding of at most
+// lim.MaxEndpointBytes. The input is not modified. Timestamps and the
+// stamp are cleared; the caller owns them.
 func NormalizeEndpoint(in *registryv1.ServiceEndpoint, lim Limits) (*registryv1.ServiceEndpoint, error) {
 	if in == nil {
 		return nil, &FieldError{Field: "endpoint", Reason: "must be set"}
 	}
 	ep := proto.Clone(in).(*registryv1.ServiceEndpoint)
-	ep.CreatedAt, ep.UpdatedAt = nil, nil
+	ep.CreatedAt, ep.UpdatedAt, ep.Stamp = nil, nil, nil
+	DiscardUnknown(ep)
 
 	if err := ValidateName("service", ep.Service); err != nil {
 		return nil, fieldErr("endpoint.service", err)
@@ -95,13 +138,61 @@ func NormalizeEndpoint(in *registryv1.ServiceEndpoint, lim Limits) (*registryv1.
 	case ep.Weight > lim.MaxWeight:
 		return nil, &FieldError{Field: "endpoint.weight", Reason: fmt.Sprintf("%d exceeds the limit of %d", ep.Weight, lim.MaxWeight)}
 	}
-	if err := normalizePorts(ep, lim); err != nil {
+	if err := checkPorts(ep, lim); err != nil { // ports.go
 		return nil, err
 	}
 	if err := validateMetadata(ep.Metadata, lim); err != nil {
 		return nil, err
 	}
+	if n, max := proto.Size(ep), lim.endpointBytes(); n > max {
+		return nil, &FieldError{Field: "endpoint", Reason: fmt.Sprintf(
+			"encodes to %d bytes, more than the limit of %d for one stored endpoint (every write must fit a backend transaction); carry less metadata or fewer, shorter port names", n, max)}
+	}
 	return ep, nil
+}
+
+// DiscardUnknown clears the unknown fields of m and of every message in it
+// (nested, in repeated fields and in map values). A field this build does
+// not know is kept by the protobuf decoder as raw bytes that no limit
+// covers: stored, it would make a value of any size out of an endpoint
+// whose known fields are small, and echo it to every watcher. It is
+// dropped rather than refused because a client built against a newer API
+// may set fields this registrar does not know yet, and refusing would
+// break it for no gain: this registrar could not act on them anyway.
+func DiscardUnknown(m proto.Message) {
+	if m != nil {
+		discardUnknown(m.ProtoReflect())
+	}
+}
+
+func discardUnknown(m protoreflect.Message) {
+	if !m.IsValid() {
+		return
+	}
+	if len(m.GetUnknown()) > 0 {
+		m.SetUnknown(nil)
+	}
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		switch {
+		case fd.IsList():
+			if fd.Message() != nil {
+				l := v.List()
+				for i := 0; i < l.Len(); i++ {
+					discardUnknown(l.Get(i).Message())
+				}
+			}
+		case fd.IsMap():
+			if fd.MapValue().Message() != nil {
+				v.Map().Range(func(_ protoreflect.MapKey, mv protoreflect.Value) bool {
+					discardUnknown(mv.Message())
+					return true
+				})
+			}
+		case fd.Message() != nil:
+			discardUnknown(v.Message())
+		}
+		return true
+	})
 }
 
 func normalizePorts(ep *registryv1.ServiceEndpoint, lim Limits) error {

@@ -57,12 +57,21 @@ node record and exits 0.`,
 				return err
 			}
 			cfg.Logger = log
+			// agent.New fills an empty region or cluster and a non-positive
+			// drain period with defaults; given explicitly they are mistakes.
+			if err := refuseZeros(cmd.Flags(), "region", "cluster", "drain-period"); err != nil {
+				return err
+			}
+			if cfg.DrainPeriod < 0 {
+				return fmt.Errorf("--drain-period %s: must be positive (endpoints stay DRAINING this long so proxies finish in-flight requests)", cfg.DrainPeriod)
+			}
 			for _, r := range registrars {
 				if r = strings.TrimSpace(r); r != "" {
-					if _, _, err := net.SplitHostPort(r); err != nil {
-						return fmt.Errorf("--registrar %q: %v (expected host:port)", r, err)
+					addr, err := registrarAddr("--registrar", r)
+					if err != nil {
+						return err
 					}
-					cfg.Registrars = append(cfg.Registrars, r)
+					cfg.Registrars = append(cfg.Registrars, addr)
 				}
 			}
 			if cfg.Node == "" {
@@ -134,7 +143,7 @@ node record and exits 0.`,
 	f.StringVar(&cfg.Region, "region", "default", "the node's region (must match its registrars')")
 	f.StringVar(&cfg.Cluster, "cluster", "default", "the node's cluster (must match its registrars' --cluster-name)")
 	f.StringVar(&cfg.Address, "address", "", "the node's own IP address")
-	f.StringSliceVar(&registrars, "registrar", []string{"127.0.0.1:9443"}, "registrar addresses, comma separated; the agent fails over between them")
+	f.StringSliceVar(&registrars, "registrar", []string{"127.0.0.1:9443"}, "registrar addresses (host:port; a bare host means port "+DefaultRegistrarPort+"), comma separated; the agent fails over between them")
 	f.StringArrayVar(&endpoints, "endpoint", nil, "endpoint to keep registered: service=ip:port[/protocol] (repeatable)")
 	f.StringVar(&cfg.EndpointsFile, "endpoints-file", "", "file with one service=ip:port[/protocol] per line, re-read when it changes")
 	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")

@@ -53,9 +53,11 @@ func TestAgentFlagErrors(t *testing.T) {
 		})
 	}
 
-	// A registrar address that is not host:port fails as early.
-	res := runCLI(t, nil, nil, "agent", "--node", "n1", "--registrar", "127.0.0.1:9443,registrar-b")
-	if want := `--registrar "registrar-b": address registrar-b: missing port in address (expected host:port)`; res.err == nil || res.err.Error() != want {
+	// A registrar address that cannot be completed to host:port fails as
+	// early (a bare host gets the registrar's port, see
+	// TestRegistrarAddrDefaultPort).
+	res := runCLI(t, nil, nil, "agent", "--node", "n1", "--registrar", "127.0.0.1:9443,registrar-b:")
+	if want := `--registrar "registrar-b:": give both host and port (e.g. 127.0.0.1:9443)`; res.err == nil || res.err.Error() != want {
 		t.Errorf("error %v\nwant %s", res.err, want)
 	}
 }

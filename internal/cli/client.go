@@ -56,16 +56,18 @@ func (tf *tlsFlags) validate() error {
 func addClientFlags(cmd *cobra.Command) *clientFlags {
 	cf := &clientFlags{}
 	pf := cmd.PersistentFlags()
-	pf.StringVar(&cf.addr, "registrar", DefaultRegistrarAddr, "registrar gRPC address (host:port)")
+	pf.StringVar(&cf.addr, "registrar", DefaultRegistrarAddr, "registrar gRPC address (host:port; a bare host means port "+DefaultRegistrarPort+")")
 	pf.DurationVar(&cf.timeout, "timeout", 5*time.Second, "timeout of each call to the registrar (for watch: until the first event)")
 	addTLSFlags(pf, &cf.tls)
 	return cf
 }
 
 func (cf *clientFlags) validate() error {
-	if cf.addr == "" {
-		return errors.New("--registrar must not be empty; give the registrar's host:port")
+	addr, err := registrarAddr("--registrar", cf.addr)
+	if err != nil {
+		return err
 	}
+	cf.addr = addr
 	if cf.timeout <= 0 {
 		return fmt.Errorf("--timeout %s: must be positive (e.g. 5s)", cf.timeout)
 	}

@@ -17,8 +17,8 @@ func newDeregisterCmd() *cobra.Command {
 service, protocol and IP; --protocol defaults to http like in "register".`,
 		Example: `  aether deregister --service web --ip 10.0.0.1
   aether deregister --service api --ip 10.0.0.2 --protocol grpc`,
-	}, "deregister", "deregistered", func(ctx context.Context, c registrarv1.RegistrarClient, id registry.EndpointID) (string, error) {
-		resp, err := c.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{Service: id.Service, Protocol: id.Protocol, Ip: id.IP})
-		return resp.GetVersion(), err
+	}, "deregister", "deregistered", func(ctx context.Context, c registrarv1.RegistrarClient, id registry.EndpointID, wait bool) (string, bool, error) {
+		resp, err := c.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{Service: id.Service, Protocol: id.Protocol, Ip: id.IP, WaitPersisted: wait})
+		return resp.GetVersion(), resp.GetPersisted(), err
 	})
 }

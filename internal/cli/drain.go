@@ -18,8 +18,8 @@ sending it new requests while in-flight ones finish. Remove it afterwards
 with "aether deregister" (phase two).`,
 		Example: `  aether drain --service web --ip 10.0.0.1
   aether deregister --service web --ip 10.0.0.1`,
-	}, "drain", "draining", func(ctx context.Context, c registrarv1.RegistrarClient, id registry.EndpointID) (string, error) {
-		resp, err := c.DrainEndpoint(ctx, &registrarv1.DrainEndpointRequest{Service: id.Service, Protocol: id.Protocol, Ip: id.IP})
-		return resp.GetVersion(), err
+	}, "drain", "draining", func(ctx context.Context, c registrarv1.RegistrarClient, id registry.EndpointID, wait bool) (string, bool, error) {
+		resp, err := c.DrainEndpoint(ctx, &registrarv1.DrainEndpointRequest{Service: id.Service, Protocol: id.Protocol, Ip: id.IP, WaitPersisted: wait})
+		return resp.GetVersion(), resp.GetPersisted(), err
 	})
 }

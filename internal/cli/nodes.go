@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 )
 
 func newNodesCmd() *cobra.Command {
@@ -25,7 +26,15 @@ func newNodesCmd() *cobra.Command {
 		Long: `List node records: node, site (zone), region, cluster, offered services,
 health, and how long ago the node's last heartbeat renewed its lease. A node
 whose heartbeats stop disappears once its lease (the registrar's --node-ttl)
-runs out.`,
+runs out.
+
+HEALTH counts what the registrar holds of the node's endpoints, not what the
+node believes: "HEALTHY (200/200 endpoints serving)" only when the registrar
+holds them all, serving; "DEGRADED (150/200 held by the registrar)" when it
+holds fewer than the node registered (the node's agent registers the
+missing ones again). JSON output has both: endpoints_total and
+endpoints_serving are the node's claim, endpoints_held and
+endpoints_held_serving the registrar's.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output, "table", "json"); err != nil {
@@ -65,10 +74,7 @@ func writeNodesTable(w io.Writer, nodes []*registrarv1.NodeStatus) error {
 	fmt.Fprintln(tw, "NODE\tSITE\tREGION\tCLUSTER\tADDRESS\tSERVICES\tHEALTH\tLAST HEARTBEAT")
 	for _, st := range nodes {
 		n := st.GetNode()
-		health := strings.TrimPrefix(n.GetHealth().GetStatus().String(), "HEALTH_")
-		if m := n.GetHealth().GetMessage(); m != "" {
-			health += " (" + m + ")"
-		}
+		health := nodeHealth(n.GetHealth())
 		age := "unknown"
 		if a := st.GetLastHeartbeatAgeSeconds(); a >= 0 {
 			age = fmt.Sprintf("%.0fs ago", a)
@@ -77,6 +83,41 @@ func writeNodesTable(w io.Writer, nodes []*registrarv1.NodeStatus) error {
 			orDash(n.GetAddress()), orDash(strings.Join(n.GetServices(), ",")), health, age)
 	}
 	return tw.Flush()
+}
+
+// nodeHealth renders a node's health from what the registrar holds of its
+// endpoints (endpoints_held, endpoints_held_serving), not from the node's
+// claim alone: an agent believes its endpoints are registered, but a
+// registrar that crashed before persisting them does not hold them, and
+// the table must show that. A node that claims no endpoints and has none
+// held shows its own summary as it sent it. Otherwise the status is the
+// worse of the node's own and the held counts' (DEGRADED when the
+// registrar holds fewer than the node claims, or some held ones do not
+// serve), and the detail is the held counts.
+func nodeHealth(h *registryv1.HealthSummary) string {
+	status := h.GetStatus()
+	total, held, serving := h.GetEndpointsTotal(), h.GetEndpointsHeld(), h.GetEndpointsHeldServing()
+	var detail string
+	switch {
+	case total == 0 && held == 0:
+		detail = h.GetMessage()
+	case held < total:
+		status = max(status, registryv1.Health_HEALTH_DEGRADED)
+		detail = fmt.Sprintf("%d/%d held by the registrar", held, total)
+		if serving < held {
+			detail += fmt.Sprintf(", %d serving", serving)
+		}
+	default:
+		if serving < held {
+			status = max(status, registryv1.Health_HEALTH_DEGRADED)
+		}
+		detail = fmt.Sprintf("%d/%d endpoints serving", serving, held)
+	}
+	out := strings.TrimPrefix(status.String(), "HEALTH_")
+	if detail != "" {
+		out += " (" + detail + ")"
+	}
+	return out
 }
 
 func writeNodesJSON(w io.Writer, nodes []*registrarv1.NodeStatus) error {

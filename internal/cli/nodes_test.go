@@ -125,3 +125,96 @@ func TestNodesAgainstRegistrar(t *testing.T) {
 		t.Errorf("json nodes:\n%s", res.stdout)
 	}
 }
+
+// HEALTH is what the registrar holds of a node's endpoints, not the node's
+// claim: every node here claims 3 endpoints, all serving, as an agent would
+// that registered them; the registrar holds 3 of one, 2 of another (it lost
+// one), and 3 of the third with one drained by an operator.
+func TestNodesHealthCountsWhatTheRegistrarHolds(t *testing.T) {
+	t.Parallel()
+	etcd := etcdtest.Start(t)
+	r := startRegistrar(t, etcd)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	held := map[string]int{"full": 3, "short": 2, "drained": 3}
+	for name, n := range held {
+		if _, err := r.c.AnnounceNode(ctx, &registrarv1.AnnounceNodeRequest{Node: &registryv1.Node{Name: name,
+			Health: &registryv1.HealthSummary{Status: registryv1.Health_HEALTH_HEALTHY, Message: "3/3 endpoints serving", EndpointsServing: 3, EndpointsTotal: 3}}}); err != nil {
+			t.Fatalf("announce %s: %v", name, err)
+		}
+		for i := range n {
+			r.register(t, &registryv1.ServiceEndpoint{Service: "web-" + name, Protocol: registryv1.Protocol_PROTOCOL_HTTP1,
+				Ip: "10.8.0." + strconv.Itoa(i+1), Ports: []*registryv1.Port{{Name: "http", Port: 80}}, Node: name})
+		}
+	}
+	if _, err := r.c.DrainEndpoint(ctx, &registrarv1.DrainEndpointRequest{Service: "web-drained", Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: "10.8.0.2"}); err != nil {
+		t.Fatal(err)
+	}
+	// An endpoint of a node with no record counts for no node.
+	r.register(t, &registryv1.ServiceEndpoint{Service: "web-full", Protocol: registryv1.Protocol_PROTOCOL_HTTP1,
+		Ip: "10.8.1.1", Ports: []*registryv1.Port{{Name: "http", Port: 80}}, Node: "gone"})
+
+	res := runCLI(t, nil, nil, "nodes", "--registrar", r.addr())
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	cols := regexp.MustCompile(`\s{2,}`)
+	var got []string
+	for _, line := range strings.Split(strings.TrimSuffix(res.stdout, "\n"), "\n")[1:] {
+		f := cols.Split(line, -1)
+		got = append(got, f[0]+"|"+f[6])
+	}
+	want := []string{
+		"drained|DEGRADED (2/3 endpoints serving)",
+		"full|HEALTHY (3/3 endpoints serving)",
+		"short|DEGRADED (2/3 held by the registrar)",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("NODE|HEALTH:\n%s\nwant\n%s\n\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"), res.stdout)
+	}
+
+	// JSON has the claim and the registrar's counts side by side.
+	res = runCLI(t, nil, nil, "nodes", "--registrar", r.addr(), "-o", "json")
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	var resp registrarv1.ListNodesResponse
+	if err := protojson.Unmarshal([]byte(res.stdout), &resp); err != nil {
+		t.Fatal(err)
+	}
+	wantHeld := map[string][2]uint32{"drained": {3, 2}, "full": {3, 3}, "short": {2, 2}}
+	for _, st := range resp.GetNodes() {
+		h := st.GetNode().GetHealth()
+		w := wantHeld[st.GetNode().GetName()]
+		if h.GetEndpointsTotal() != 3 || h.GetEndpointsServing() != 3 || h.GetEndpointsHeld() != w[0] || h.GetEndpointsHeldServing() != w[1] {
+			t.Errorf("%s: health %v, want the claim 3/3 and held %d, %d serving", st.GetNode().GetName(), h, w[0], w[1])
+		}
+	}
+	if !strings.Contains(res.stdout, `"endpoints_held": 2`) || !strings.Contains(res.stdout, `"endpoints_held_serving": 2`) {
+		t.Errorf("json lacks endpoints_held and endpoints_held_serving:\n%s", res.stdout)
+	}
+}
+
+// The health column's rule, case by case, including summaries a node sent
+// without endpoint counts (shown as sent) and an unhealthy node (never
+// shown better than it says).
+func TestNodeHealthRule(t *testing.T) {
+	for _, c := range []struct {
+		h    *registryv1.HealthSummary
+		want string
+	}{
+		{nil, "UNSPECIFIED"},
+		{&registryv1.HealthSummary{Status: registryv1.Health_HEALTH_DEGRADED, Message: "1/2 endpoints serving"}, "DEGRADED (1/2 endpoints serving)"},
+		{&registryv1.HealthSummary{Status: registryv1.Health_HEALTH_HEALTHY, EndpointsTotal: 200, EndpointsServing: 200, EndpointsHeld: 200, EndpointsHeldServing: 200}, "HEALTHY (200/200 endpoints serving)"},
+		{&registryv1.HealthSummary{Status: registryv1.Health_HEALTH_HEALTHY, EndpointsTotal: 200, EndpointsServing: 200, EndpointsHeld: 150, EndpointsHeldServing: 150}, "DEGRADED (150/200 held by the registrar)"},
+		{&registryv1.HealthSummary{Status: registryv1.Health_HEALTH_HEALTHY, EndpointsTotal: 200, EndpointsServing: 200, EndpointsHeld: 0}, "DEGRADED (0/200 held by the registrar)"},
+		{&registryv1.HealthSummary{Status: registryv1.Health_HEALTH_HEALTHY, EndpointsTotal: 200, EndpointsServing: 200, EndpointsHeld: 150, EndpointsHeldServing: 140}, "DEGRADED (150/200 held by the registrar, 140 serving)"},
+		{&registryv1.HealthSummary{Status: registryv1.Health_HEALTH_DEGRADED, EndpointsTotal: 3, EndpointsServing: 2, EndpointsHeld: 3, EndpointsHeldServing: 2}, "DEGRADED (2/3 endpoints serving)"},
+		{&registryv1.HealthSummary{Status: registryv1.Health_HEALTH_UNHEALTHY, EndpointsTotal: 3, EndpointsServing: 3, EndpointsHeld: 3, EndpointsHeldServing: 3}, "UNHEALTHY (3/3 endpoints serving)"},
+		{&registryv1.HealthSummary{Status: registryv1.Health_HEALTH_HEALTHY, EndpointsHeld: 1, EndpointsHeldServing: 1}, "HEALTHY (1/1 endpoints serving)"},
+	} {
+		if got := nodeHealth(c.h); got != c.want {
+			t.Errorf("nodeHealth(%v) = %q, want %q", c.h, got, c.want)
+		}
+	}
+}

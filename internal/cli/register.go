@@ -30,6 +30,7 @@ type registerFlags struct {
 func newRegisterCmd() *cobra.Command {
 	var rf registerFlags
 	var cf *clientFlags
+	var wf *waitFlags
 	cmd := &cobra.Command{
 		Use:   "register",
 		Short: "Register or update an endpoint",
@@ -38,10 +39,16 @@ func newRegisterCmd() *cobra.Command {
 An endpoint is identified by service, protocol and IP (within the registrar's
 cluster and region); registering it again replaces its attributes. Give one
 port as --port 8080 (named after the protocol unless --port-name is set), or
-several named ports as --port http=8080 --port admin=9000.`,
+several named ports as --port http=8080 --port admin=9000.
+
+The registrar acknowledges a write once it has applied it and told its
+watchers, and persists it to its backend shortly after (within its
+--write-batch-interval). With --wait the command returns only once the
+write is persisted, so a registrar crash right after cannot lose it.`,
 		Example: `  aether register --service web --ip 10.0.0.1 --port 8080
   aether register --service api --ip 10.0.0.2 --protocol grpc --port grpc=9090 --port admin=9091 --meta version=1.4.2
-  aether register --service web --ip 10.0.0.1 --port 8080 --draining`,
+  aether register --service web --ip 10.0.0.1 --port 8080 --draining
+  aether register --service web --ip 10.0.0.1 --port 8080 --wait`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ep, err := rf.endpoint()
@@ -49,19 +56,38 @@ several named ports as --port http=8080 --port admin=9000.`,
 				return err
 			}
 			what := fmt.Sprintf("register %s %s (%s)", ep.Service, ep.Ip, registry.ProtocolName(ep.Protocol))
+			if err := wf.validate(); err != nil {
+				return err
+			}
 			var resp *registrarv1.RegisterEndpointResponse
-			if err := cf.unary(cmd.Context(), what, func(ctx context.Context, c registrarv1.RegistrarClient) (err error) {
-				resp, err = c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: ep})
+			var warning string
+			var callErr error
+			ucf := wf.callFlags(cf) // wait.go
+			if err := ucf.unary(cmd.Context(), what, func(ctx context.Context, c registrarv1.RegistrarClient) (err error) {
+				resp, err = c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: ep, WaitPersisted: wf.wait})
+				callErr = err
+				if err == nil && resp.GetEndpoint() != nil {
+					warning = nodeWarning(ctx, c, resp.GetEndpoint()) // nodewarn.go
+				}
 				return err
 			}); err != nil {
+				if werr := wf.failed(what, callErr); werr != nil {
+					return werr
+				}
+				return err
+			}
+			if err := wf.confirm(what, ucf.addr, resp.GetPersisted()); err != nil {
 				return err
 			}
 			got := resp.GetEndpoint()
 			if got == nil {
 				got = ep
 			}
-			_, err = fmt.Fprintf(cmd.OutOrStdout(), "registered %s %s (%s) version %s\n",
-				got.GetService(), got.GetIp(), registry.ProtocolName(got.GetProtocol()), resp.GetVersion())
+			_, err = fmt.Fprintf(cmd.OutOrStdout(), "registered %s %s (%s) version %s%s\n",
+				got.GetService(), got.GetIp(), registry.ProtocolName(got.GetProtocol()), resp.GetVersion(), note(resp.GetPersisted()))
+			if warning != "" {
+				fmt.Fprintln(cmd.ErrOrStderr(), warning)
+			}
 			return err
 		},
 	}
@@ -77,6 +103,7 @@ several named ports as --port http=8080 --port admin=9000.`,
 	f.StringArrayVar(&rf.meta, "meta", nil, "metadata label as key=value; repeatable")
 	f.BoolVar(&rf.draining, "draining", false, "register as DRAINING: proxies send no new requests")
 	cf = addClientFlags(cmd)
+	wf = addWaitFlags(cmd)
 	return cmd
 }
 
@@ -189,7 +216,12 @@ func parsePorts(specs []string, portName string) ([]*registryv1.Port, error) {
 		return nil, fmt.Errorf("--port %s: name each port when giving more than one (e.g. --port http=%s)", spec, strings.TrimSpace(spec))
 	}
 	seen := make(map[string]bool, len(ports))
+	numbers := make(map[uint32]int, len(ports))
 	for i, p := range ports {
+		if j, dup := numbers[p.Port]; dup {
+			return nil, fmt.Errorf("--port %s: port number %d is already given by --port %s; each port of an endpoint needs its own number", specs[i], p.Port, specs[j])
+		}
+		numbers[p.Port] = i
 		if p.Name == "" {
 			continue
 		}

@@ -32,7 +32,12 @@ func newRegistrarCmd(d deps) *cobra.Command {
 With no --etcd-endpoints the registrar runs an embedded etcd in --data-dir.
 It serves the Registrar gRPC API on --grpc-addr and /healthz, /readyz and
 /metrics on --http-addr, and runs until interrupted (SIGINT or SIGTERM),
-then shuts down gracefully.
+then shuts down gracefully. Without TLS both listen on loopback unless given
+explicitly. Until its snapshot is loaded from etcd it answers every call
+with UNAVAILABLE saying what it waits for (see docs/operations.md).
+
+A flag whose zero would only mean "the default" (--node-ttl 0s,
+--write-batch-size 0, ...) is refused: leave it out for the default.
 
 With --tls-cert and --tls-key it serves TLS; with --tls-client-ca and
 --trust-domain as well it requires client certificates and lets a node
@@ -48,6 +53,18 @@ Without them it serves plaintext and warns: development only.`,
 			logger, err := newLogger(cmd.ErrOrStderr(), logLevel, logFormat)
 			if err != nil {
 				return err
+			}
+			if err := refuseZeros(cmd.Flags(), registrarZeroFlags...); err != nil {
+				return err
+			}
+			// Plaintext listens on loopback unless told otherwise; with TLS
+			// the defaults are every interface (registrar.DefaultListenAddrs).
+			grpcAddr, httpAddr := registrar.DefaultListenAddrs(opts.TLSEnabled())
+			if !cmd.Flags().Changed("grpc-addr") {
+				opts.GRPCAddr = grpcAddr
+			}
+			if !cmd.Flags().Changed("http-addr") {
+				opts.HTTPAddr = httpAddr
 			}
 			if err := validateRegistrarOptions(opts); err != nil {
 				return err
@@ -65,8 +82,8 @@ Without them it serves plaintext and warns: development only.`,
 	f.StringVar(&opts.DataDir, "data-dir", opts.DataDir, "data directory of the embedded etcd")
 	f.StringVar(&opts.EmbeddedEtcdAddr, "embedded-etcd-addr", opts.EmbeddedEtcdAddr, "client address of the embedded etcd")
 	f.StringVar(&opts.EmbeddedEtcdPeerAddr, "embedded-etcd-peer-addr", opts.EmbeddedEtcdPeerAddr, "peer address of the embedded etcd")
-	f.StringVar(&opts.GRPCAddr, "grpc-addr", opts.GRPCAddr, "address of the Registrar gRPC API (port 0 picks a free port)")
-	f.StringVar(&opts.HTTPAddr, "http-addr", opts.HTTPAddr, "address of /healthz, /readyz and /metrics (port 0 picks a free port)")
+	f.StringVar(&opts.GRPCAddr, "grpc-addr", opts.GRPCAddr, "address of the Registrar gRPC API (port 0 picks a free port); default loopback only without TLS, "+registrar.DefaultTLSGRPCAddr+" (every interface) with --tls-cert")
+	f.StringVar(&opts.HTTPAddr, "http-addr", opts.HTTPAddr, "address of /healthz, /readyz and /metrics (port 0 picks a free port); default loopback only without TLS, "+registrar.DefaultTLSHTTPAddr+" (every interface) with --tls-cert")
 	f.BoolVar(&opts.EnablePprof, "enable-pprof", false, "serve Go runtime profiles at /debug/pprof/ on --http-addr (for diagnosing; off by default)")
 	f.StringVar(&opts.ClusterName, "cluster-name", opts.ClusterName, "cluster this registrar writes for")
 	f.StringVar(&opts.Region, "region", opts.Region, "region this registrar writes for")
@@ -110,6 +127,19 @@ Without them it serves plaintext and warns: development only.`,
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	return cmd
+}
+
+// registrarZeroFlags are the registrar flags whose zero registrar.Options
+// would replace with the default (see refuseZeros). The addresses,
+// --data-dir, --cluster-name and --region are not listed: an empty one is
+// refused by validateRegistrarOptions with its own message.
+var registrarZeroFlags = []string{
+	"sync-mode", "sync-interval", "sync-debounce",
+	"write-batch-interval", "write-batch-size", "write-queue-limit",
+	"watch-history", "watch-buffer", "watch-progress-interval",
+	"node-ttl", "replication-lease-ttl", "tls-reload-interval",
+	"max-recv-msg-size", "max-metadata-entries", "max-metadata-bytes",
+	"max-watch-services", "max-endpoints-per-node",
 }
 
 // validateRegistrarOptions checks the options before anything starts, so a
