@@ -481,3 +481,79 @@ func testReadYourWrites(t *testing.T, waitPersisted bool) {
 		return countKeys(t, cli) == 0
 	})
 }
+
+// TestLastWinsNodeRecordAcrossReplicas: a node announced through both
+// replicas, alternately and at the same time, with different labels; then
+// once more through each in turn. The record on both replicas and in etcd
+// carries the labels of the last acknowledged announcement.
+func TestLastWinsNodeRecordAcrossReplicas(t *testing.T) {
+	g := newLWRig(t, "lastwins", 1, lwInterval)
+	cli := g.etcd.Client(t)
+	var seq atomic.Int64
+	announce := func(via int) string {
+		label := strconv.FormatInt(seq.Add(1), 10)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := g.c[via].AnnounceNode(ctx, &registrarv1.AnnounceNodeRequest{Node: &registryv1.Node{
+			Name: "n-lw", Zone: "z1", Address: "10.9.0.1", Labels: map[string]string{"w": label, "via": strconv.Itoa(via + 1)},
+		}}); err != nil {
+			t.Errorf("announce #%s via R%d: %v", label, via+1, err)
+		}
+		return label
+	}
+	labelOn := func(via int) string {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		l, err := g.c[via].ListNodes(ctx, &registrarv1.ListNodesRequest{})
+		if err != nil {
+			t.Fatalf("list nodes on R%d: %v", via+1, err)
+		}
+		for _, s := range l.Nodes {
+			if s.GetNode().GetName() == "n-lw" {
+				return s.GetNode().GetLabels()["w"]
+			}
+		}
+		return "absent"
+	}
+	labelInEtcd := func() string {
+		resp := nodeRecord(t, cli, "n-lw")
+		if len(resp.Kvs) == 0 {
+			return "absent"
+		}
+		n, err := registry.DecodeNode(string(resp.Kvs[0].Key), resp.Kvs[0].Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.GetLabels()["w"]
+	}
+	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
+	for round := 1; round <= 3; round++ {
+		for i := 0; i < 100; i++ {
+			announce(i % 2)
+		}
+		var wg sync.WaitGroup
+		for via := range g.c {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 100; i++ {
+					announce(via)
+				}
+			}()
+		}
+		wg.Wait()
+		first := rng.Intn(2)
+		announce(first)
+		time.Sleep(time.Duration(rng.Int63n(int64(lwInterval)))) // the gap of the scenario, not a wait
+		want := announce(1 - first)
+		var got [3]string
+		wait.For(t, "both replicas and etcd to agree on the node record", 30*time.Second, func() bool {
+			got = [3]string{labelOn(0), labelOn(1), labelInEtcd()}
+			return got[0] == got[2] && got[1] == got[2]
+		})
+		if got[2] != want {
+			t.Errorf("round %d: last acknowledged announcement was #%s, but R1, R2 and etcd hold #%s", round, want, got[2])
+		}
+	}
+}
+
