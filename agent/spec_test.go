@@ -72,7 +72,7 @@ func TestParseEndpoint(t *testing.T) {
 		{"web=", `"web="` + form},
 		{"=10.0.0.1:80", `"=10.0.0.1:80"` + form},
 		{"-web=10.0.0.1:80", `"-web=10.0.0.1:80": service "-web" must start and end with a letter or digit`},
-		{"we b=10.0.0.1:80", `"we b=10.0.0.1:80": service "we b" contains " "; allowed are letters, digits, '.', '_' and '-'`},
+		{"we b=10.0.0.1:80", `"we b=10.0.0.1:80": service "we b" contains " "; allowed are ASCII letters and digits, '.', '_' and '-'`},
 		{"web=10.0.0.1:80/udp", `"web=10.0.0.1:80/udp": unknown protocol "udp" (use one of http, h2c, grpc, tcp)`},
 		{"web=10.0.0.1:80/", `"web=10.0.0.1:80/": unknown protocol "" (use one of http, h2c, grpc, tcp)`},
 		{"web=10.0.0.1", `"web=10.0.0.1": address 10.0.0.1: missing port in address` + brackets},

@@ -37,9 +37,9 @@ func ValidateName(what, name string) error {
 				return fmt.Errorf("%s %q must start and end with a letter or digit", what, name)
 			}
 		case c == utf8.RuneError && invalidByte(name[i:]):
-			return fmt.Errorf("%s %q is not valid UTF-8 (byte %#02x at offset %d); allowed are letters, digits, '.', '_' and '-'", what, name, name[i], i)
+			return fmt.Errorf("%s %q is not valid UTF-8 (byte %#02x at offset %d); allowed are ASCII letters and digits, '.', '_' and '-'", what, name, name[i], i)
 		default:
-			return fmt.Errorf("%s %q contains %q; allowed are letters, digits, '.', '_' and '-'", what, name, string(c))
+			return fmt.Errorf("%s %q contains %q; allowed are ASCII letters and digits, '.', '_' and '-'", what, name, string(c))
 		}
 	}
 	if strings.Contains(name, "..") {

@@ -1,6 +1,7 @@
 package registry
 
 import (
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"strings"
 	"testing"
 )
@@ -33,5 +34,15 @@ func TestValidateNameReportsRunes(t *testing.T) {
 		if err := ValidateName("service", ok); err != nil {
 			t.Errorf("ValidateName(%q) = %v", ok, err)
 		}
+	}
+}
+
+// Metadata keys (and node labels) are checked by rune too.
+func TestMetadataKeyReportsRunes(t *testing.T) {
+	ep := &registryv1.ServiceEndpoint{Service: "web", Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: "10.0.0.1",
+		Ports: []*registryv1.Port{{Port: 80}}, Region: "r", Cluster: "c", Metadata: map[string]string{"rég": "1"}}
+	_, err := NormalizeEndpoint(ep, DefaultLimits)
+	if err == nil || !strings.Contains(err.Error(), `key "rég" contains "é"`) || strings.Contains(err.Error(), "Ã") {
+		t.Fatalf("NormalizeEndpoint with metadata key rég: %v, want it to name é", err)
 	}
 }

@@ -241,9 +241,9 @@ func validateMetadata(md map[string]string, lim Limits) error {
 		if len(k) > lim.MaxMetadataKeyLen {
 			return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("key %.20q... is %d bytes; the limit is %d", k, len(k), lim.MaxMetadataKeyLen)}
 		}
-		for i := 0; i < len(k); i++ {
-			if c := k[i]; !isAlnum(c) && c != '.' && c != '_' && c != '-' && c != '/' {
-				return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("key %q contains %q; allowed are letters, digits, '.', '_', '-' and '/'", k, string(rune(c)))}
+		for _, c := range k { // by rune: a multi-byte character is named as itself
+			if c >= utf8.RuneSelf || !isAlnum(byte(c)) && c != '.' && c != '_' && c != '-' && c != '/' {
+				return &FieldError{Field: "endpoint.metadata", Reason: fmt.Sprintf("key %q contains %q; allowed are ASCII letters and digits, '.', '_', '-' and '/'", k, string(c))}
 			}
 		}
 		if len(v) > lim.MaxMetadataValueLen {

@@ -28,7 +28,7 @@ func TestAgentFlagErrors(t *testing.T) {
 		{"label without value", []string{"--node", "n1", "--label", "rack"}, `--label "rack": expected key=value`},
 		{"label without key", []string{"--node", "n1", "--label", "=r7"}, `--label "=r7": expected key=value`},
 		{"bad label key", []string{"--node", "n1", "--label", "rack id=r7"},
-			`--label: node.labels: key "rack id" contains " "; allowed are letters, digits, '.', '_', '-' and '/'`},
+			`--label: node.labels: key "rack id" contains " "; allowed are ASCII letters and digits, '.', '_', '-' and '/'`},
 		{"address not an ip", []string{"--node", "n1", "--address", "node-a.example"}, `--address: ip "node-a.example" is not an IPv4 or IPv6 address`},
 		{"unspecified address", []string{"--node", "n1", "--address", "0.0.0.0"}, `--address: ip "0.0.0.0" is the unspecified address; register the address peers dial`},
 		{"bad zone", []string{"--node", "n1", "--zone", "z/1"}, `--zone "z/1" must not contain '/'`},

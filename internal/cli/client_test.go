@@ -128,7 +128,7 @@ func TestRegisterAgainstRegistrar(t *testing.T) {
 		want string
 	}{
 		{[]string{"--weight", "70000"}, "register web 10.0.0.1 (http): endpoint.weight: 70000 exceeds the limit of 65536"},
-		{[]string{"--meta", "build id=7"}, `register web 10.0.0.1 (http): endpoint.metadata: key "build id" contains " "; allowed are letters, digits, '.', '_', '-' and '/'`},
+		{[]string{"--meta", "build id=7"}, `register web 10.0.0.1 (http): endpoint.metadata: key "build id" contains " "; allowed are ASCII letters and digits, '.', '_', '-' and '/'`},
 	} {
 		args := append([]string{"register", "--registrar", r.addr(), "--service", "web", "--ip", "10.0.0.1", "--port", "80"}, tc.args...)
 		res := runCLI(t, nil, nil, args...)
