@@ -87,6 +87,11 @@ func Permanent(err error) bool {
 	if errors.Is(err, ErrInvalidMutation) {
 		return true
 	}
+	// etcd's backpressure shares RESOURCE_EXHAUSTED with a message too
+	// large to send, but it passes.
+	if errors.Is(err, rpctypes.ErrTooManyRequests) || errors.Is(err, rpctypes.ErrGRPCRequestTooManyRequests) {
+		return false
+	}
 	code := status.Code(err)
 	var ee rpctypes.EtcdError
 	if errors.As(err, &ee) {

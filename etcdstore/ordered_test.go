@@ -2,11 +2,15 @@ package etcdstore
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
@@ -258,5 +262,32 @@ func TestApplyOrderedUnreachableIsNotPermanent(t *testing.T) {
 	}
 	if outs[0].Settled() {
 		t.Fatalf("etcd down: %+v, want unsettled", outs[0])
+	}
+}
+
+// Permanent tells etcd's refusals of a request as it is from failures of
+// the moment, backpressure included.
+func TestPermanentClassifiesEtcdErrors(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{rpctypes.ErrRequestTooLarge, true},
+		{rpctypes.ErrTooManyOps, true},
+		{fmt.Errorf("txn: %w", rpctypes.ErrGRPCRequestTooLarge), true},
+		{status.Error(codes.ResourceExhausted, "trying to send message larger than max (3003883 vs. 2097152)"), true},
+		{fmt.Errorf("%w: bad id", ErrInvalidMutation), true},
+		{rpctypes.ErrTooManyRequests, false},
+		{rpctypes.ErrGRPCRequestTooManyRequests, false},
+		{rpctypes.ErrNoLeader, false},
+		{rpctypes.ErrTimeout, false},
+		{rpctypes.ErrLeaseNotFound, false},
+		{status.Error(codes.Unavailable, "connection refused"), false},
+		{context.DeadlineExceeded, false},
+		{fmt.Errorf("etcd txn: %w", context.Canceled), false},
+	} {
+		if got := Permanent(tc.err); got != tc.want {
+			t.Errorf("Permanent(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }
