@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"sort"
@@ -15,13 +14,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/client"
+	"github.com/aethermesh/aether/internal/retry"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -46,6 +44,8 @@ type Config struct {
 	// removed. Default 5s.
 	DrainPeriod time.Duration
 
+	// DialOptions for the registrar connections, as client.Config's: nil
+	// means plaintext.
 	DialOptions []grpc.DialOption
 	Registerer  prometheus.Registerer
 	Logger      *slog.Logger
@@ -55,8 +55,11 @@ type Config struct {
 type Agent struct {
 	cfg Config
 	log *slog.Logger
+	// cli is the agent's one set of registrar connections: its endpoint
+	// writes, its cache of its own services and its node calls all go
+	// through it, so they share one failover cursor and one rule for what
+	// is worth retrying.
 	cli *client.Client
-	reg *registrars
 
 	mu      sync.Mutex
 	desired map[registry.EndpointID]*registryv1.ServiceEndpoint
@@ -84,9 +87,6 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if len(cfg.DialOptions) == 0 {
-		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	}
 	if err := registry.ValidateName("--node", cfg.Node); err != nil {
 		return nil, err
 	}
@@ -110,11 +110,6 @@ func New(cfg Config) (*Agent, error) {
 	if _, err := registry.NormalizeNode(a.nodeRecord(), registry.DefaultLimits); err != nil {
 		return nil, err
 	}
-	reg, err := newRegistrars(cfg.Registrars, cfg.DialOptions)
-	if err != nil {
-		return nil, err
-	}
-	a.reg = reg
 	a.cli, err = client.New(client.Config{
 		Addrs:       cfg.Registrars,
 		Region:      cfg.Region,
@@ -126,14 +121,10 @@ func New(cfg Config) (*Agent, error) {
 		Logger:      cfg.Logger,
 	})
 	if err != nil {
-		reg.close()
 		return nil, err
 	}
 	return a, nil
 }
-
-// Client is the agent's registrar client (its cache of its own services).
-func (a *Agent) Client() *client.Client { return a.cli }
 
 // wanted reads the configured endpoints, filling in the node's identity.
 func (a *Agent) wanted() ([]*registryv1.ServiceEndpoint, error) {
@@ -204,7 +195,6 @@ func (a *Agent) nodeRecord() *registryv1.Node {
 // Run announces the node, registers its endpoints and keeps both alive
 // until ctx ends; then it drains, deregisters, leaves and returns nil.
 func (a *Agent) Run(ctx context.Context) error {
-	defer a.reg.close()
 	defer a.cli.Close()
 
 	interval, err := a.announce(ctx)
@@ -246,31 +236,29 @@ func (a *Agent) Run(ctx context.Context) error {
 // ctx ends, and returns the heartbeat interval.
 func (a *Agent) announce(ctx context.Context) (time.Duration, error) {
 	for attempt := 0; ; attempt++ {
-		var resp *registrarv1.AnnounceNodeResponse
-		err := a.reg.call(ctx, func(ctx context.Context, c registrarv1.RegistrarClient) (err error) {
-			resp, err = c.AnnounceNode(ctx, &registrarv1.AnnounceNodeRequest{Node: a.nodeRecord()})
-			return err
-		})
+		interval, err := a.cli.AnnounceNode(ctx, a.nodeRecord())
 		if err == nil {
-			return time.Duration(resp.GetHeartbeatIntervalMs()) * time.Millisecond, nil
+			return interval, nil
 		}
-		if permanent(err) {
+		if client.Permanent(err) {
 			return 0, fmt.Errorf("announcing node %s: %w", a.cfg.Node, err)
 		}
 		a.log.Warn("announce failed; retrying", "err", err)
-		if !sleepJitter(ctx, attempt) {
+		if !retry.Sleep(ctx, announceBackoff.Delay(attempt), nil) {
 			return 0, ctx.Err()
 		}
 	}
 }
 
+// announceBackoff spaces announce attempts. Its cap is below the client's
+// reconnect cap: nothing of the node's is registered until an announce
+// gets through, so the agent asks again sooner.
+var announceBackoff = retry.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}
+
 // heartbeat renews the lease. A lapsed lease means the node was presumed
 // gone: announce afresh and register everything again.
 func (a *Agent) heartbeat(ctx context.Context, interval time.Duration) time.Duration {
-	err := a.reg.call(ctx, func(ctx context.Context, c registrarv1.RegistrarClient) error {
-		_, err := c.Heartbeat(ctx, &registrarv1.HeartbeatRequest{Node: a.cfg.Node, Region: a.cfg.Region, Cluster: a.cfg.Cluster})
-		return err
-	})
+	err := a.cli.Heartbeat(ctx)
 	switch {
 	case err == nil:
 		return interval
@@ -410,10 +398,7 @@ func (a *Agent) shutdown(cause error) error {
 		if err := a.cli.Flush(ctx); err != nil {
 			a.log.Warn("drain not acknowledged", "err", err)
 		}
-		select {
-		case <-time.After(a.cfg.DrainPeriod):
-		case <-ctx.Done():
-		}
+		retry.Sleep(ctx, a.cfg.DrainPeriod, nil)
 		for _, id := range ids {
 			_ = a.cli.Unregister(id)
 		}
@@ -424,35 +409,9 @@ func (a *Agent) shutdown(cause error) error {
 	if cause != nil {
 		return cause
 	}
-	err := a.reg.call(ctx, func(ctx context.Context, c registrarv1.RegistrarClient) error {
-		_, err := c.LeaveNode(ctx, &registrarv1.LeaveNodeRequest{Node: a.cfg.Node, Region: a.cfg.Region, Cluster: a.cfg.Cluster})
-		return err
-	})
-	if err != nil && status.Code(err) != codes.NotFound {
+	if err := a.cli.LeaveNode(ctx); err != nil {
 		a.log.Warn("leave failed; the node record will lapse with its lease", "err", err)
 	}
 	a.log.Info("agent stopped")
 	return nil
-}
-
-// permanent errors are the caller's to fix; retrying cannot help.
-func permanent(err error) bool {
-	switch status.Code(err) {
-	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated, codes.FailedPrecondition, codes.Unimplemented:
-		return true
-	}
-	return false
-}
-
-// sleepJitter waits a full-jitter backoff (100ms base, 5s cap).
-func sleepJitter(ctx context.Context, attempt int) bool {
-	d := time.Duration(rand.Int64N(int64(min(5*time.Second, 100*time.Millisecond<<min(attempt, 10))) + 1))
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -11,6 +11,10 @@
 //     registrar in the list. A heartbeat answered NOT_FOUND means the lease
 //     lapsed (the node was partitioned longer than the TTL and its endpoints
 //     were swept): the agent announces again and re-registers everything.
+//   - Everything the agent says to the registrars goes through one
+//     client (package client): node calls, endpoint writes and the
+//     watch of its own services share one connection per registrar, one
+//     choice of registrar and one rule for which failures are retried.
 //   - Endpoints leave in two phases: DRAINING first, so proxies stop sending
 //     new requests, then removal after --drain-period. That holds for an
 //     endpoint dropped from the endpoints file and for all of them on

@@ -11,8 +11,9 @@ import (
 	"github.com/aethermesh/aether/registrar"
 )
 
-// ScenarioDisruption: seed 000's disruption battery, full length, with
-// watch sync and poll-only (the "Disruption battery" section).
+// ScenarioDisruption: the disruption battery (package disruption), full
+// length, with watch sync and poll-only (the "Disruption battery" section),
+// so the report shows the drops that poll-only sync's stale window costs.
 const ScenarioDisruption = "disruption"
 
 // DisruptionResult is the disruption scenario: the same battery run once
@@ -28,8 +29,9 @@ const (
 
 // disruptionConfig is the full-length battery (about a minute and a half
 // per sync mode, well over 100k resolutions) or, quick, a few seconds.
-// Both modes use the registrar's default --sync-interval of 5s, the seed's
-// poll period; the quick one shortens it to 1s to fit.
+// Both modes use the registrar's default --sync-interval of 5s, so poll-only
+// runs with the staleness a default deployment would have; the quick one
+// shortens it to 1s to fit.
 func disruptionConfig(quick bool) disruption.Config {
 	if quick {
 		return disruption.Config{

@@ -18,7 +18,7 @@ import (
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/embedetcd"
-	"github.com/aethermesh/aether/internal/testutil/faultproxy"
+	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/registry"
 	"github.com/aethermesh/aether/replicator"
 )

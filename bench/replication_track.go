@@ -249,12 +249,6 @@ func (t *tracker) converged() (time.Time, int, error) {
 	return t.convergedAt, t.mismatch, t.err
 }
 
-func (t *tracker) size() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.state)
-}
-
 func (t *tracker) resetEmptied() {
 	t.mu.Lock()
 	t.emptiedAt = time.Time{}

@@ -13,10 +13,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/status"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -220,29 +218,21 @@ func (c *Client) fallback(ctx context.Context, services []string) ([]*registryv1
 		return nil, ErrClosed
 	}
 	c.stats.fallbacks.Add(1)
-	n := len(c.rpc)
-	first := c.current()
-	var err error
-	for i := range n {
-		idx := (first + i) % n
-		actx, cancel := context.WithTimeout(ctx, rpcTimeout)
-		var resp *registrarv1.ListAllEndpointsResponse
-		resp, err = c.rpc[idx].ListAllEndpoints(actx, &registrarv1.ListAllEndpointsRequest{Services: services})
-		cancel()
-		if err == nil {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			return c.st.overlay(resp.GetEndpoints(), services), nil
+	var out []*registryv1.ServiceEndpoint
+	err := c.eachRegistrar(ctx, rpcTimeout, func(ctx context.Context, idx int) error {
+		resp, err := c.rpc[idx].ListAllEndpoints(ctx, &registrarv1.ListAllEndpointsRequest{Services: services})
+		if err != nil {
+			return fmt.Errorf("client: listing services %v from %s: %w", services, c.cfg.Addrs[idx], err)
 		}
-		err = fmt.Errorf("client: listing services %v from %s: %w", services, c.cfg.Addrs[idx], err)
-		if ctx.Err() != nil {
-			break
-		}
-		if code := status.Code(err); code != codes.Unavailable && code != codes.DeadlineExceeded {
-			break
-		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		out = c.st.overlay(resp.GetEndpoints(), services)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	return nil, err
+	return out, nil
 }
 
 // Subscribe adds services to the watched set, on the live stream (no

@@ -13,8 +13,9 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/internal/faultproxy"
+	"github.com/aethermesh/aether/internal/retry"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/internal/testutil/faultproxy"
 )
 
 // A registrar restart gets a new epoch, so the client's token cannot resume
@@ -465,10 +466,10 @@ func TestFullJitterBounds(t *testing.T) {
 		0: 100 * time.Millisecond, 1: 200 * time.Millisecond, 3: 800 * time.Millisecond,
 		6: 6400 * time.Millisecond, 7: maxD, 20: maxD, 62: maxD, 63: maxD, 1000: maxD,
 	} {
-		if got := fullJitter(base, maxD, attempt, top); got != ceil-1 {
+		if got := retry.FullJitter(base, maxD, attempt, top); got != ceil-1 {
 			t.Errorf("attempt %d: largest delay %v, want just under %v", attempt, got, ceil)
 		}
-		if got := fullJitter(base, maxD, attempt, bottom); got != 0 {
+		if got := retry.FullJitter(base, maxD, attempt, bottom); got != 0 {
 			t.Errorf("attempt %d: smallest delay %v, want 0 (full jitter)", attempt, got)
 		}
 	}
@@ -488,7 +489,7 @@ func TestFullJitterBounds(t *testing.T) {
 			t.Errorf("attempt %d: delays span only [%v, %v] of [0, %v)", attempt, lo, hi, ceil)
 		}
 	}
-	if d := fullJitter(0, maxD, 3, top); d != 0 {
+	if d := retry.FullJitter(0, maxD, 3, top); d != 0 {
 		t.Errorf("zero base: %v", d)
 	}
 }

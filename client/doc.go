@@ -21,13 +21,22 @@
 // cache at once (the agent reads its own writes immediately and OnChange
 // fires) and return. One writer goroutine sends queued writes in order,
 // coalescing per endpoint (the latest intent wins), and retries with
-// backoff until a registrar acknowledges. Permanent rejections
-// (InvalidArgument, PermissionDenied, FailedPrecondition, Unimplemented, and
-// NotFound for Drain) drop the write, log and count it, and the cache reverts
+// backoff until a registrar acknowledges. Permanent rejections (see
+// Permanent, and NotFound for Drain) drop the write, log and count it, and the cache reverts
 // to what the registrar reported; NotFound for Unregister is success. An
 // Unregister names the node it removes the endpoint for (owner_node): the
 // node the endpoint was registered for, by default Config.Node. A registrar
 // refuses to remove an endpoint of a live node for anyone else.
+//
+// # Node calls
+//
+// AnnounceNode, Heartbeat and LeaveNode keep the client's node
+// (Config.Node) alive on the same connections as the stream and the
+// writes: each call goes to the registrar the stream uses and, while that
+// one cannot be reached, to each other one, so an agent holds one
+// connection per registrar and follows one failover cursor. They are not
+// retried beyond that; Permanent, the rule the writer uses, says whether
+// retrying could help.
 //
 // # Re-assertion: the owner restores what it owns
 //

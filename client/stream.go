@@ -15,6 +15,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/internal/retry"
 )
 
 // maxBatch bounds how many received messages are applied, and published, as
@@ -65,7 +66,7 @@ func (c *Client) runStream(ctx context.Context) {
 			c.log.Info("registrar stream attempt failed", "addr", c.cfg.Addrs[idx], "err", err, "next", c.cfg.Addrs[next], "in", d, "cache_age", c.CacheAge())
 		}
 		c.addr.Store(next)
-		if !sleep(ctx, d, nil) {
+		if !retry.Sleep(ctx, d, nil) {
 			return
 		}
 	}

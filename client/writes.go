@@ -13,6 +13,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/internal/retry"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -390,7 +391,7 @@ func (c *Client) runWriter(ctx context.Context) {
 		attempt++
 		// A stream that syncs proves a registrar is reachable again: retry
 		// at once instead of sitting out the rest of the backoff.
-		if !sleep(ctx, d, c.syncKick) {
+		if !retry.Sleep(ctx, d, c.syncKick) {
 			if ctx.Err() != nil {
 				return
 			}
@@ -481,18 +482,12 @@ func (c *Client) sendWrite(ctx context.Context, req writeReq) (version string, s
 	return version, stored, err
 }
 
-// permanent reports whether a registrar's answer means that retrying the
-// same write can never succeed. Everything else (Unavailable, deadline,
-// ResourceExhausted from a full write queue, Internal, Unauthenticated while
-// credentials rotate...) is retried.
-func permanent(code codes.Code, op opKind) bool {
-	switch code {
-	case codes.InvalidArgument, codes.PermissionDenied, codes.FailedPrecondition, codes.Unimplemented, codes.OutOfRange:
-		return true
-	case codes.NotFound:
-		return op == opDrain
-	}
-	return false
+// permanentWrite reports whether a registrar's answer means that retrying
+// the same write can never succeed (see Permanent). Draining an endpoint
+// the registrar does not hold is such an answer too: there is nothing to
+// drain, and resending changes nothing.
+func permanentWrite(err error, op opKind) bool {
+	return Permanent(err) || (status.Code(err) == codes.NotFound && op == opDrain)
 }
 
 // finishWrite records the outcome of an RPC and reports whether to back off
@@ -519,7 +514,7 @@ func (c *Client) finishWrite(req writeReq, ver string, stored *registryv1.Servic
 		}
 		s.acknowledged(w)
 		s.recompute(req.id)
-	case permanent(code, req.op):
+	case permanentWrite(err, req.op):
 		if !current {
 			s.requeueFront(w)
 			break

@@ -15,7 +15,8 @@ import (
 	"github.com/aethermesh/aether/client"
 )
 
-// The phases of a battery, in order, named as in the seed's battery.
+// The phases of a battery, in order. The names are what Result and the
+// benchmark report print per phase, so they name the disruption itself.
 const (
 	PhaseBaseline = "baseline"
 	PhaseRoll     = "roll svc-1/svc-4/svc-5"

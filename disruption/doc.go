@@ -1,9 +1,9 @@
-// Package disruption is the disruption battery of seed 000's empirical
-// validation (issue 6, section 3): two registrar replicas on one etcd,
-// writes through replica A, agent clients watching through replica B,
-// continuous resolvers checking every resolution against ground truth while
-// endpoints roll (surge, then two-phase drain), registrars restart, clients
-// reconnect and services churn.
+// Package disruption is the disruption battery, which measures what a
+// stale replica costs the callers who resolve through it: two registrar
+// replicas on one etcd, writes through replica A, agent clients watching
+// through replica B, continuous resolvers checking every resolution against
+// ground truth while endpoints roll (surge, then two-phase drain),
+// registrars restart, clients reconnect and services churn.
 //
 // Run runs one battery as Config describes and reports what the resolvers
 // saw in a Result: resolutions and drops, per phase and per roll window.

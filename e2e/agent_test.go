@@ -1,9 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
+	"github.com/aethermesh/aether/internal/testutil/logbuf"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,7 +28,7 @@ const nodeTTL = 3 * time.Second
 // startExternalRegistrar runs "aether registrar" against a shared etcd.
 func startExternalRegistrar(t *testing.T, etcdEndpoints []string, grpcAddr, httpAddr string) *registrarProc {
 	t.Helper()
-	p := &registrarProc{grpcAddr: grpcAddr, httpAddr: httpAddr, logs: &syncBuffer{}, exited: make(chan error, 1)}
+	p := &registrarProc{grpcAddr: grpcAddr, httpAddr: httpAddr, logs: &logbuf.Buffer{}, exited: make(chan error, 1)}
 	p.cmd = exec.Command(aetherBin, "registrar",
 		"--etcd-endpoints", strings.Join(etcdEndpoints, ","),
 		"--grpc-addr", grpcAddr, "--http-addr", httpAddr,
@@ -40,30 +40,13 @@ func startExternalRegistrar(t *testing.T, etcdEndpoints []string, grpcAddr, http
 
 type agentProc struct {
 	cmd    *exec.Cmd
-	logs   *syncBuffer
+	logs   *logbuf.Buffer
 	exited chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func startAgent(t *testing.T, args ...string) *agentProc {
 	t.Helper()
-	a := &agentProc{logs: &syncBuffer{}, exited: make(chan error, 1)}
+	a := &agentProc{logs: &logbuf.Buffer{}, exited: make(chan error, 1)}
 	a.cmd = exec.Command(aetherBin, append([]string{"agent", "--cluster", "east-1", "--region", "us-east", "--zone", "us-east-1a"}, args...)...)
 	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
 	if err := a.cmd.Start(); err != nil {

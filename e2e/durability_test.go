@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/aethermesh/aether/internal/testutil/logbuf"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -17,7 +18,7 @@ import (
 // startRegistrar does, with extra flags.
 func startDurable(t *testing.T, dataDir, etcdAddr, peerAddr string, extra ...string) *registrarProc {
 	t.Helper()
-	p := &registrarProc{grpcAddr: freeAddr(t), httpAddr: freeAddr(t), logs: &syncBuffer{}, exited: make(chan error, 1)}
+	p := &registrarProc{grpcAddr: freeAddr(t), httpAddr: freeAddr(t), logs: &logbuf.Buffer{}, exited: make(chan error, 1)}
 	p.cmd = exec.Command(aetherBin, append([]string{"registrar",
 		"--data-dir", dataDir,
 		"--embedded-etcd-addr", etcdAddr,

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/aethermesh/aether/internal/testutil/logbuf"
 	"net"
 	"net/http"
 	"os"
@@ -53,7 +54,7 @@ type registrarProc struct {
 	cmd      *exec.Cmd
 	grpcAddr string
 	httpAddr string
-	logs     *syncBuffer
+	logs     *logbuf.Buffer
 	exited   chan error
 }
 
@@ -61,7 +62,7 @@ type registrarProc struct {
 // waits for /readyz.
 func startRegistrar(t *testing.T, dataDir string, etcdAddr, peerAddr string) *registrarProc {
 	t.Helper()
-	p := &registrarProc{grpcAddr: freeAddr(t), httpAddr: freeAddr(t), logs: &syncBuffer{}, exited: make(chan error, 1)}
+	p := &registrarProc{grpcAddr: freeAddr(t), httpAddr: freeAddr(t), logs: &logbuf.Buffer{}, exited: make(chan error, 1)}
 	p.cmd = exec.Command(aetherBin, "registrar",
 		"--data-dir", dataDir,
 		"--embedded-etcd-addr", etcdAddr,

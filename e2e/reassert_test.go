@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"fmt"
+	"github.com/aethermesh/aether/internal/testutil/logbuf"
 	"io"
 	"net/http"
 	"os"
@@ -42,7 +43,7 @@ func newEmbeddedRegistrar(t *testing.T, extra ...string) *embeddedRegistrar {
 // start runs it and waits for /readyz.
 func (e *embeddedRegistrar) start(t *testing.T) *registrarProc {
 	t.Helper()
-	p := &registrarProc{grpcAddr: e.grpcAddr, httpAddr: e.httpAddr, logs: &syncBuffer{}, exited: make(chan error, 1)}
+	p := &registrarProc{grpcAddr: e.grpcAddr, httpAddr: e.httpAddr, logs: &logbuf.Buffer{}, exited: make(chan error, 1)}
 	p.cmd = exec.Command(aetherBin, append([]string{"registrar",
 		"--data-dir", e.dataDir,
 		"--embedded-etcd-addr", e.etcdAddr,

@@ -10,12 +10,14 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
 // ErrLeaseNotFound means a lease has expired or was revoked: the node it
-// kept alive is gone and must announce itself again.
-var ErrLeaseNotFound = errors.New("lease not found (expired or revoked)")
+// kept alive is gone and must announce itself again. It is
+// backend.ErrLeaseNotFound, so callers may test for either.
+var ErrLeaseNotFound = backend.ErrLeaseNotFound
 
 // Node liveness is an etcd lease per node. The node record is put under the
 // lease; whichever registrar replica receives the node's heartbeat renews

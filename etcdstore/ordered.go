@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -52,27 +53,8 @@ const DefaultMaxTxnBytes = 1 << 20
 // swap, every time, is left over (and retried by the caller later).
 const maxOrderedRounds = 6
 
-// Outcome is what became of one mutation of ApplyOrdered.
-type Outcome struct {
-	// Landed: etcd holds the mutation, written at Revision.
-	Landed   bool
-	Revision int64
-	// Superseded: etcd holds a newer write of the key (Current, nil for a
-	// delete, with its stamp CurrentStamp), so this one was dropped.
-	Superseded   bool
-	Current      *registryv1.ServiceEndpoint
-	CurrentStamp *registryv1.WriteStamp
-	// KeyRev and TombRev are the mod revisions of the key and of its
-	// tombstone as last seen (0: absent): the guesses to swap against
-	// next time.
-	KeyRev, TombRev int64
-	// Err is etcd's permanent refusal of this mutation alone (too large,
-	// invalid): retrying it cannot help. Other mutations are unaffected.
-	Err error
-}
-
-// Settled reports whether the mutation needs no retry.
-func (o Outcome) Settled() bool { return o.Landed || o.Superseded || o.Err != nil }
+// Outcome is backend.Outcome: what became of one mutation of ApplyOrdered.
+type Outcome = backend.Outcome
 
 // ErrInvalidMutation marks a mutation refused before anything was sent.
 var ErrInvalidMutation = errors.New("invalid mutation")
@@ -142,13 +124,6 @@ type orderedOp struct {
 	stamp     *registryv1.WriteStamp
 }
 
-func mutationStamp(m Mutation) *registryv1.WriteStamp {
-	if m.Endpoint != nil {
-		return m.Endpoint.GetStamp()
-	}
-	return m.Stamp
-}
-
 // ApplyOrdered writes muts so that, per key, the write with the newest
 // stamp wins (see the comment at the top of this file). A put's stamp is
 // its Endpoint's; a delete's is Stamp. KeyRev and TombRev are the caller's
@@ -175,7 +150,7 @@ func (s *Store) ApplyOrdered(ctx context.Context, muts []Mutation) (outs []Outco
 		}
 		seen[key] = i
 		tomb, _ := registry.TombstoneKey(m.ID)
-		op := orderedOp{key: key, tomb: tomb, stamp: mutationStamp(m)}
+		op := orderedOp{key: key, tomb: tomb, stamp: m.StampOf()}
 		if op.stamp == nil {
 			outs[i].Err = fmt.Errorf("%w: %s has no write stamp", ErrInvalidMutation, key)
 			continue

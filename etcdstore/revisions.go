@@ -6,10 +6,12 @@ import (
 	"fmt"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -28,28 +30,16 @@ import (
 // read in Parts).
 const keysOnlyPageFactor = 10
 
-// KeyRevisions is a keys-only listing under registry.Root at one revision:
-// each endpoint's and node record's identity and mod revision, in key order.
-// Keys that do not parse as either are left out, as List leaves them out.
-type KeyRevisions struct {
-	Endpoints []EndpointRevision
-	Nodes     []NodeRevision
-	Revision  int64 // the store revision the listing is consistent at
-}
-
-// EndpointRevision is an endpoint key and the revision its value was
-// written at.
-type EndpointRevision struct {
-	ID          registry.EndpointID
-	ModRevision int64
-}
-
-// NodeRevision is a node record key and the revision its value was written
-// at.
-type NodeRevision struct {
-	ID          registry.NodeID
-	ModRevision int64
-}
+// The digest's types are package backend's.
+type (
+	// KeyRevisions is backend.KeyRevisions: a keys-only listing under
+	// registry.Root at one revision.
+	KeyRevisions = backend.KeyRevisions
+	// EndpointRevision is backend.EndpointRevision.
+	EndpointRevision = backend.EndpointRevision
+	// NodeRevision is backend.NodeRevision.
+	NodeRevision = backend.NodeRevision
+)
 
 // ListRevisions returns the keys under registry.Root and their mod
 // revisions, at a single revision, without their values.
@@ -57,27 +47,14 @@ func (s *Store) ListRevisions(ctx context.Context) (KeyRevisions, error) {
 	return s.ListRevisionsInParts(ctx, Parts{})
 }
 
-// Parts splits a keys-only listing into reads of a key range each, so that
-// a large listing costs etcd and its reader a little at a time rather
-// than all at once: one read of a large registry is a burst of CPU on both
-// that every other request on the machine queues behind.
-type Parts struct {
-	// Bounds are keys at which a new part starts, in increasing order.
-	// Any keys do: the parts cover all of registry.Root whatever they
-	// are, and only their sizes depend on them. Bounds out of order or
-	// outside registry.Root are ignored.
-	Bounds []string
-	// Between, if set, runs after each part but the last (a pause); an
-	// error from it ends the listing with that error.
-	Between func(context.Context) error
-	// Expect is about how many endpoint keys to expect (0: unknown).
-	Expect int
-}
+// Parts is backend.Parts: a keys-only listing split into reads of a key
+// range each.
+type Parts = backend.Parts
 
 // ListRevisionsInParts is ListRevisions read in parts, all at the revision
 // of the first, so the result is the same as one read's.
 func (s *Store) ListRevisionsInParts(ctx context.Context, p Parts) (KeyRevisions, error) {
-	ranges := p.ranges()
+	ranges := p.Ranges()
 	return overCompaction(ctx, s, registry.Root, func() (KeyRevisions, error) {
 		kr := KeyRevisions{Endpoints: make([]EndpointRevision, 0, p.Expect)}
 		for i, r := range ranges {
@@ -101,21 +78,6 @@ func (s *Store) ListRevisionsInParts(ctx context.Context, p Parts) (KeyRevisions
 	})
 }
 
-// ranges turns the bounds into key ranges [from, end) that cover
-// registry.Root.
-func (p Parts) ranges() [][2]string {
-	from, end := registry.Root, clientv3.GetPrefixRangeEnd(registry.Root)
-	var out [][2]string
-	for _, b := range p.Bounds {
-		if b <= from || b >= end {
-			continue
-		}
-		out = append(out, [2]string{from, b})
-		from = b
-	}
-	return append(out, [2]string{from, end})
-}
-
 // listRevisionsRange adds the keys in [from, end) to kr, read at
 // kr.Revision (or the current revision when that is 0), and returns the
 // revision read at.
@@ -132,19 +94,19 @@ func (s *Store) listRevisionsRange(ctx context.Context, kr *KeyRevisions, from, 
 	return s.listRevisionsPaged(ctx, kr, from, end)
 }
 
-// add files one key of a keys-only listing.
-func (kr *KeyRevisions) add(kv *mvccpb.KeyValue) {
+// addKeyRevision files one key of a keys-only listing.
+func addKeyRevision(kr *KeyRevisions, kv *mvccpb.KeyValue) {
 	key := string(kv.Key)
 	// Endpoint keys first: they are nearly all of them. (A node name
 	// cannot contain "/", so no key is both.)
 	switch {
 	case registry.IsEndpointKey(key):
 		if id, err := registry.ParseEndpointKey(key); err == nil {
-			kr.Endpoints = append(kr.Endpoints, EndpointRevision{id, kv.ModRevision})
+			kr.Endpoints = append(kr.Endpoints, EndpointRevision{ID: id, ModRevision: kv.ModRevision})
 		}
 	case registry.IsNodeKey(key):
 		if id, err := registry.ParseNodeKey(key); err == nil {
-			kr.Nodes = append(kr.Nodes, NodeRevision{id, kv.ModRevision})
+			kr.Nodes = append(kr.Nodes, NodeRevision{ID: id, ModRevision: kv.ModRevision})
 		}
 	}
 }
@@ -174,7 +136,7 @@ func (s *Store) listRevisionsStreamed(ctx context.Context, kr *KeyRevisions, fro
 			return 0, fmt.Errorf("etcd keys-only stream from %q (at revision %d): %w", from, kr.Revision, err)
 		}
 		for _, kv := range resp.Kvs {
-			kr.add(kv)
+			addKeyRevision(kr, kv)
 		}
 		if h := resp.Header; h != nil { // the last chunk
 			rev = h.GetRevision()
@@ -207,7 +169,7 @@ func (s *Store) listRevisionsPaged(ctx context.Context, kr *KeyRevisions, from, 
 			}
 		}
 		for _, kv := range resp.Kvs {
-			kr.add(kv)
+			addKeyRevision(kr, kv)
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			return rev, nil
@@ -220,9 +182,9 @@ func (s *Store) listRevisionsPaged(ctx context.Context, kr *KeyRevisions, from, 
 // were at revision rev, MaxTxnOps keys per read-only Txn, into a Listing at
 // rev, in the order asked (not key order). A key absent at rev is absent
 // from the listing, and a value that does not decode is skipped as List
-// skips it. Unless there is nothing to read, it fails with
-// rpctypes.ErrCompacted once rev is compacted away; a caller then lists
-// afresh.
+// skips it. Unless there is nothing to read, it fails with an error that
+// is both backend.ErrCompacted and rpctypes.ErrCompacted once rev is
+// compacted away; a caller then lists afresh.
 func (s *Store) GetAt(ctx context.Context, rev int64, eps []registry.EndpointID, nodes []registry.NodeID) (Listing, error) {
 	if rev <= 0 {
 		return Listing{}, fmt.Errorf("read at revision %d: a revision must be positive", rev)
@@ -252,7 +214,11 @@ func (s *Store) GetAt(ctx context.Context, rev int64, eps []registry.EndpointID,
 		}
 		resp, err := s.cli.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return Listing{}, fmt.Errorf("etcd read of %d keys at revision %d: %w", hi-lo, rev, err)
+			err = fmt.Errorf("etcd read of %d keys at revision %d: %w", hi-lo, rev, err)
+			if errors.Is(err, rpctypes.ErrCompacted) {
+				err = backend.Mark(err, backend.ErrCompacted)
+			}
+			return Listing{}, err
 		}
 		for _, r := range resp.Responses {
 			for _, kv := range r.GetResponseRange().GetKvs() {

@@ -171,7 +171,7 @@ func wantKeyRevs(t *testing.T, cli *clientv3.Client, rev int64, eps []registry.E
 		if r == 0 {
 			t.Fatalf("test setup: %s absent at %d", id, rev)
 		}
-		er = append(er, EndpointRevision{id, r})
+		er = append(er, EndpointRevision{ID: id, ModRevision: r})
 	}
 	var nr []NodeRevision
 	for _, id := range nodes {
@@ -179,7 +179,7 @@ func wantKeyRevs(t *testing.T, cli *clientv3.Client, rev int64, eps []registry.E
 		if r == 0 {
 			t.Fatalf("test setup: %s absent at %d", id, rev)
 		}
-		nr = append(nr, NodeRevision{id, r})
+		nr = append(nr, NodeRevision{ID: id, ModRevision: r})
 	}
 	return er, nr
 }

@@ -4,6 +4,10 @@
 // registry and holds no state of its own beyond its options, so any number
 // of Stores may share one client.
 //
+// A *Store is a backend.Full: the types it exchanges are package backend's
+// (aliased here under their old names), and its errors satisfy backend's
+// sentinels (ErrCompacted, ErrLeaseNotFound) as well as etcd's own.
+//
 // Invariants:
 //
 //   - Every key written is registry.EndpointID.Key() of a valid identity, and
@@ -45,7 +49,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -119,17 +123,14 @@ func New(cli *clientv3.Client, opts Options) *Store {
 // Client returns the etcd client the Store uses.
 func (s *Store) Client() *clientv3.Client { return s.cli }
 
-// Mutation puts Endpoint at ID's key, or deletes the key when Endpoint is nil.
-// Stamp, KeyRev and TombRev are for ApplyOrdered only: a delete's stamp
-// (a put's is its Endpoint's), and the mod revisions of the key and of its
-// tombstone as the writer last saw them (0: absent).
-type Mutation struct {
-	ID       registry.EndpointID
-	Endpoint *registryv1.ServiceEndpoint
-	Stamp    *registryv1.WriteStamp
-	KeyRev   int64
-	TombRev  int64
-}
+// The registry's exchange types are package backend's; the aliases keep
+// the names this package has always exported.
+type (
+	// Mutation is backend.Mutation.
+	Mutation = backend.Mutation
+	// Listing is backend.Listing.
+	Listing = backend.Listing
+)
 
 // Apply writes muts in one Txn when len(muts) <= MaxTxnOps, otherwise in
 // ceil(len/MaxTxnOps) Txns in order, and returns the revision of the last
@@ -206,20 +207,6 @@ func (s *Store) ops(muts []Mutation) ([]clientv3.Op, error) {
 	return ops, nil
 }
 
-// Listing is a consistent snapshot of (part of) the registry.
-type Listing struct {
-	Endpoints []*registryv1.ServiceEndpoint // in key order
-	Nodes     []*registryv1.Node            // node records, in key order
-	Revision  int64                         // the store revision the listing is consistent at
-	Skipped   int                           // endpoint keys whose value did not decode (logged at warn)
-	// EndpointRevs[i] and NodeRevs[i] are the mod revisions of Endpoints[i]
-	// and Nodes[i]: the revision each value was written at. A consumer that
-	// remembers them can later tell from a keys-only listing
-	// (ListRevisions) which values changed.
-	EndpointRevs []int64
-	NodeRevs     []int64
-}
-
 // add decodes one key-value into l: an endpoint or a node record, or a
 // skip (logged, up to maxSkipLogs per listing) when its value does not
 // decode. Other keys under Root are not ours and are ignored.
@@ -286,6 +273,9 @@ func overCompaction[T any](ctx context.Context, s *Store, prefix string, read fu
 		s.log.Warn("etcd listing overtaken by compaction; starting over", "prefix", prefix, "attempt", attempt)
 	}
 	var zero T
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		err = backend.Mark(err, backend.ErrCompacted)
+	}
 	return zero, err
 }
 

@@ -9,7 +9,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -21,40 +21,18 @@ const (
 	maxWatchBackoff = 2 * time.Second
 )
 
-// Event is one change to one endpoint.
-type Event struct {
-	ID       registry.EndpointID
-	Endpoint *registryv1.ServiceEndpoint // nil for a delete
-	Revision int64                       // ModRevision of the put, or the delete's revision
-}
-
-// NodeEvent is one change to one node record.
-type NodeEvent struct {
-	ID       registry.NodeID
-	Node     *registryv1.Node // nil for a delete (a lapsed lease, or a node that left)
-	Revision int64
-}
-
-// WatchBatch is what one etcd watch response carried.
-type WatchBatch struct {
-	// Events may be empty: for a progress notification, or for a response
-	// whose changes were all to keys that are not endpoints.
-	Events []Event
-	// Nodes are the node-record changes of the same response.
-	Nodes []NodeEvent
-	// Revision is a revision the consumer is known current up to: every
-	// change up to and including it has been delivered. For a batch with
-	// events it is the last event's revision, not etcd's response header
-	// revision, which can run ahead of events still to come while a watch
-	// catches up on history; for a progress notification it is the header
-	// revision. It never decreases, and Watch(ctx, Revision) resumes
-	// gaplessly.
-	Revision int64
-	// Compacted means the watch could not resume because its revision was
-	// compacted away; Revision is the last revision delivered. The channel
-	// closes after this batch: List again and Watch from the listing.
-	Compacted bool
-}
+// The change feed's types are package backend's.
+type (
+	// Event is backend.Event: one change to one endpoint.
+	Event = backend.Event
+	// NodeEvent is backend.NodeEvent: one change to one node record.
+	NodeEvent = backend.NodeEvent
+	// WatchBatch is backend.WatchBatch: what one etcd watch response
+	// carried. Its Revision is the last event's, not etcd's response
+	// header revision, which can run ahead of events still to come while
+	// a watch catches up on history (see watchRevision).
+	WatchBatch = backend.WatchBatch
+)
 
 // Watch streams changes under registry.Root with revision > afterRev, one
 // WatchBatch per etcd watch response, so a Txn's events arrive together.

@@ -11,8 +11,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/internal/testutil/faultproxy"
 	"github.com/aethermesh/aether/registry"
 )
 

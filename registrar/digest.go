@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -34,7 +32,7 @@ import (
 //
 // With a watch running the check is background work, and is spread over
 // half the interval (backstopPause): the keys are read in parts bounded by
-// keys of the last listing (etcdstore.Parts), all at one revision, and
+// keys of the last listing (backend.Parts), all at one revision, and
 // compared a step at a time, with pauses in between. Done at once, a
 // check of every key is one burst of CPU in etcd and in the registrar, and
 // on a busy machine every write and watch event waits behind it: the
@@ -51,11 +49,11 @@ const fetchAlways = 256
 
 // digestPlan turns a keys-only listing into a full one.
 type digestPlan struct {
-	kr   etcdstore.KeyRevisions
+	kr   backend.KeyRevisions
 	next int // endpoints of kr compared so far
 	// have holds the values the snapshot already holds at their listed
 	// revision; need the keys whose values must be fetched.
-	have     etcdstore.Listing
+	have     backend.Listing
 	needEPs  []registry.EndpointID
 	needNode []registry.NodeID
 	// listed counts each service's listed endpoints; dirty are the
@@ -73,8 +71,8 @@ type digestPlan struct {
 // nil for all of them.
 type listingScope map[string]bool
 
-func newDigestPlan(kr etcdstore.KeyRevisions) *digestPlan {
-	have := etcdstore.Listing{Revision: kr.Revision,
+func newDigestPlan(kr backend.KeyRevisions) *digestPlan {
+	have := backend.Listing{Revision: kr.Revision,
 		// Nearly every value is the snapshot's in steady state.
 		Endpoints: make([]*registryv1.ServiceEndpoint, 0, len(kr.Endpoints)), EndpointRevs: make([]int64, 0, len(kr.Endpoints))}
 	return &digestPlan{kr: kr, have: have, listed: map[string]int{}, dirty: listingScope{}}
@@ -128,7 +126,7 @@ func (s *state) compareDigest(p *digestPlan, budget int) (done bool) {
 func (p *digestPlan) needs() int { return len(p.needEPs) + len(p.needNode) }
 
 // merge adds the fetched values to the plan's own into the full listing.
-func (p *digestPlan) merge(f etcdstore.Listing) etcdstore.Listing {
+func (p *digestPlan) merge(f backend.Listing) backend.Listing {
 	l := p.have
 	l.Endpoints = append(l.Endpoints, f.Endpoints...)
 	l.EndpointRevs = append(l.EndpointRevs, f.EndpointRevs...)
@@ -143,7 +141,7 @@ func (p *digestPlan) merge(f etcdstore.Listing) etcdstore.Listing {
 // when most of them are lacking (or the revision was compacted before they
 // could be read). With a watch running, call it with tracking started
 // (trackForListing).
-func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, listingScope, error) {
+func (r *Registrar) backstopList(ctx context.Context) (backend.Listing, listingScope, error) {
 	ctx, cancel := context.WithTimeout(ctx, max(r.opts.SyncInterval, 10*time.Second))
 	defer cancel()
 	start := time.Now()
@@ -155,10 +153,10 @@ func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, listin
 	expect := r.st.len()
 	r.mu.Unlock()
 	pause := r.backstopPause(len(bounds) + expect/listingStep)
-	kr, err := r.backend.ListRevisionsInParts(ctx, etcdstore.Parts{Bounds: bounds, Between: pause, Expect: expect})
+	kr, err := r.backend.ListRevisionsInParts(ctx, backend.Parts{Bounds: bounds, Between: pause, Expect: expect})
 	if err != nil {
 		r.metrics.syncErrors.Inc()
-		return etcdstore.Listing{}, nil, fmt.Errorf("keys-only listing: %w", err)
+		return backend.Listing{}, nil, fmt.Errorf("keys-only listing: %w", err)
 	}
 	r.bounds.Store(partBounds(len(kr.Endpoints), func(i int) (string, error) { return kr.Endpoints[i].ID.Key() }))
 	p := newDigestPlan(kr)
@@ -169,7 +167,7 @@ func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, listin
 		r.mu.Unlock()
 		if !done {
 			if err := pause(ctx); err != nil {
-				return etcdstore.Listing{}, nil, err
+				return backend.Listing{}, nil, err
 			}
 		}
 	}
@@ -179,13 +177,13 @@ func (r *Registrar) backstopList(ctx context.Context) (etcdstore.Listing, listin
 		return l, nil, err
 	}
 	f, err := r.backend.GetAt(ctx, kr.Revision, p.needEPs, p.needNode)
-	if errors.Is(err, rpctypes.ErrCompacted) {
+	if errors.Is(err, backend.ErrCompacted) {
 		l, err := r.listFull(ctx, start)
 		return l, nil, err
 	}
 	if err != nil {
 		r.metrics.syncErrors.Inc()
-		return etcdstore.Listing{}, nil, fmt.Errorf("reading %d changed values at revision %d: %w", p.needs(), kr.Revision, err)
+		return backend.Listing{}, nil, fmt.Errorf("reading %d changed values at revision %d: %w", p.needs(), kr.Revision, err)
 	}
 	r.metrics.syncFetched.Add(float64(p.needs()))
 	r.metrics.syncDuration.Observe(time.Since(start).Seconds())
@@ -250,7 +248,7 @@ func partBounds(n int, key func(i int) (string, error)) *[]string {
 }
 
 // listAll is a full listing, to be reconciled everywhere.
-func (r *Registrar) listAll(ctx context.Context) (etcdstore.Listing, listingScope, error) {
+func (r *Registrar) listAll(ctx context.Context) (backend.Listing, listingScope, error) {
 	l, err := r.list(ctx)
 	return l, nil, err
 }

@@ -6,9 +6,9 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/etcdcluster"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/internal/testutil/faultproxy"
 	"github.com/aethermesh/aether/registrar"
 )
 

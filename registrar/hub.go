@@ -85,13 +85,6 @@ func (w *watcher) next() ([]*registrarv1.EndpointEvent, bool) {
 	return b, true
 }
 
-// pending is how many batches wait.
-func (w *watcher) pending() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.queue)
-}
-
 func (h *hub) len() int { return h.count }
 
 func (h *hub) add(w *watcher) {

@@ -556,4 +556,3 @@ func TestLastWinsNodeRecordAcrossReplicas(t *testing.T) {
 		}
 	}
 }
-

@@ -12,7 +12,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -60,7 +60,7 @@ func (r *Registrar) AnnounceNode(ctx context.Context, in *registryv1.Node) (*reg
 			if _, err := r.backend.KeepAliveOnce(ctx, prev.LeaseId); err == nil {
 				lease = prev.LeaseId
 				n.AnnouncedAt = prev.AnnouncedAt // same incarnation of the node
-			} else if !errors.Is(err, etcdstore.ErrLeaseNotFound) {
+			} else if !errors.Is(err, backend.ErrLeaseNotFound) {
 				return nil, fmt.Errorf("%w: renewing node %s's lease: %v", errBackend, id.Name, err)
 			}
 		}
@@ -71,7 +71,7 @@ func (r *Registrar) AnnounceNode(ctx context.Context, in *registryv1.Node) (*reg
 		}
 		n.LeaseId = lease
 		rev, err := r.backend.PutNode(ctx, n, lease)
-		if errors.Is(err, etcdstore.ErrLeaseNotFound) {
+		if errors.Is(err, backend.ErrLeaseNotFound) {
 			continue // lapsed between the renewal and the put: start afresh
 		}
 		if err != nil {
@@ -114,7 +114,7 @@ func (r *Registrar) Heartbeat(ctx context.Context, name, region, cluster string)
 	}
 	ttl, err := r.backend.KeepAliveOnce(ctx, lease)
 	switch {
-	case errors.Is(err, etcdstore.ErrLeaseNotFound):
+	case errors.Is(err, backend.ErrLeaseNotFound):
 		return 0, fmt.Errorf("%w: node %q's lease lapsed; announce it again", errNotFound, name)
 	case err != nil:
 		return 0, fmt.Errorf("%w: renewing node %q's lease: %v", errBackend, name, err)

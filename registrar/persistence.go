@@ -8,7 +8,7 @@ import (
 	"time"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -89,7 +89,7 @@ func (p *persistTracker) drop(id registry.EndpointID, done chan error) {
 
 // settleBatch answers the waiters of a flushed batch from its outcomes.
 // Called under mu.
-func (r *Registrar) settleBatch(b []etcdstore.Mutation, outs []etcdstore.Outcome) {
+func (r *Registrar) settleBatch(b []backend.Mutation, outs []backend.Outcome) {
 	for i, m := range b {
 		o := outs[i]
 		st := m.Stamp

@@ -14,39 +14,32 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 	"github.com/aethermesh/aether/replicator"
 )
 
 // Backend is the durable store a registrar persists to and learns other
-// replicas' writes from. *etcdstore.Store implements it.
+// replicas' writes from: a store with every capability of package backend
+// (the contract of each method is written there). *etcdstore.Store
+// implements it.
+//
+//   - backend.Store: ApplyOrdered persists a batch so that per key the
+//     newest stamp wins, safe to retry for the unsettled mutations after
+//     an error; List the whole registry at one revision; GetEndpoint one
+//     endpoint as held now, for a drain or unregister of an endpoint this
+//     replica has not heard of; GetAt some values at a revision.
+//   - backend.Watcher: the change feed after a revision.
+//   - backend.Digester: the backstop's cheap listing, keys and mod
+//     revisions read in parts paced by the caller, followed by GetAt of
+//     the values that changed.
+//   - backend.Leases: node liveness, leases and node records written under
+//     them; a lease that is gone is reported as backend.ErrLeaseNotFound.
 type Backend interface {
-	// ApplyOrdered persists a batch (puts and deletes, unique keys) so
-	// that per key the newest stamp wins, and says what became of each
-	// mutation (etcdstore.Store.ApplyOrdered). It must be safe to retry
-	// the unsettled ones after an error.
-	ApplyOrdered(ctx context.Context, muts []etcdstore.Mutation) ([]etcdstore.Outcome, error)
-	// GetEndpoint reads one endpoint as the backend holds it now, for a
-	// drain or unregister of an endpoint this replica has not heard of.
-	GetEndpoint(ctx context.Context, id registry.EndpointID) (ep *registryv1.ServiceEndpoint, rev, at int64, err error)
-	// List returns every endpoint and the revision the listing is at.
-	List(ctx context.Context) (etcdstore.Listing, error)
-	// ListRevisionsInParts and GetAt are the backstop's cheap listing:
-	// keys and mod revisions (read in parts, paced by the caller), then
-	// the values of some keys at that revision.
-	ListRevisionsInParts(ctx context.Context, p etcdstore.Parts) (etcdstore.KeyRevisions, error)
-	GetAt(ctx context.Context, rev int64, eps []registry.EndpointID, nodes []registry.NodeID) (etcdstore.Listing, error)
-	// Watch streams changes after a revision, as etcdstore.Store.Watch.
-	Watch(ctx context.Context, afterRev int64) <-chan etcdstore.WatchBatch
-
-	// Node liveness: leases, and node records written under them. A lease
-	// that is gone is reported as etcdstore.ErrLeaseNotFound.
-	GrantLease(ctx context.Context, ttl time.Duration) (int64, error)
-	KeepAliveOnce(ctx context.Context, lease int64) (time.Duration, error)
-	LeaseTTL(ctx context.Context, lease int64) (remaining, granted time.Duration, err error)
-	RevokeLease(ctx context.Context, lease int64) (int64, error)
-	PutNode(ctx context.Context, n *registryv1.Node, lease int64) (int64, error)
+	backend.Store
+	backend.Watcher
+	backend.Digester
+	backend.Leases
 }
 
 // Registrar is one active-active replica: the snapshot, its streams, the
@@ -111,7 +104,7 @@ func New(opts Options, backend Backend) (*Registrar, error) {
 // registrar does not serve before its snapshot is loaded: an empty snapshot
 // would tell every watcher that all endpoints are gone.
 func (r *Registrar) Start(ctx context.Context) error {
-	var l etcdstore.Listing
+	var l backend.Listing
 	backoff := 100 * time.Millisecond
 	for {
 		var err error
@@ -506,14 +499,14 @@ func (r *Registrar) maybeKick(pending int) {
 	}
 }
 
-func (r *Registrar) list(ctx context.Context) (etcdstore.Listing, error) {
+func (r *Registrar) list(ctx context.Context) (backend.Listing, error) {
 	ctx, cancel := context.WithTimeout(ctx, max(r.opts.SyncInterval, 10*time.Second))
 	defer cancel()
 	return r.listFull(ctx, time.Now())
 }
 
 // listFull reads every value, for a listing that began at start.
-func (r *Registrar) listFull(ctx context.Context, start time.Time) (etcdstore.Listing, error) {
+func (r *Registrar) listFull(ctx context.Context, start time.Time) (backend.Listing, error) {
 	l, err := r.backend.List(ctx)
 	if err != nil {
 		r.metrics.syncErrors.Inc()

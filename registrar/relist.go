@@ -5,7 +5,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -75,7 +75,7 @@ func (t *relistTrack) newerNode(id registry.NodeID, rev int64) bool {
 // (tracking keeps the listing exact across them, as above), and the
 // listing's own events go out as they are found.
 type listingApply struct {
-	l         etcdstore.Listing
+	l         backend.Listing
 	scope     listingScope // the services to reconcile; nil: all
 	track     *relistTrack
 	byService map[string][]listed
@@ -100,7 +100,7 @@ func revAt(revs []int64, i int) int64 {
 
 // newListingApply groups a listing by service. It reads no state, so it
 // runs outside the lock.
-func newListingApply(l etcdstore.Listing) *listingApply {
+func newListingApply(l backend.Listing) *listingApply {
 	a := &listingApply{l: l, byService: map[string][]listed{}}
 	for i, ep := range l.Endpoints {
 		if _, ok := a.byService[ep.Service]; !ok {
@@ -245,7 +245,7 @@ func (s *state) finishListing(a *listingApply) {
 // applyListing reconciles the snapshot with a full listing of the backend
 // taken at l.Revision in one step, producing events for the differences;
 // for start-up, and for tests.
-func (s *state) applyListing(l etcdstore.Listing) []*registrarv1.EndpointEvent {
+func (s *state) applyListing(l backend.Listing) []*registrarv1.EndpointEvent {
 	a := newListingApply(l)
 	if !s.beginListing(a) {
 		s.track = nil

@@ -1,10 +1,10 @@
 package registrar_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"github.com/aethermesh/aether/internal/testutil/logbuf"
 	"io"
 	"log/slog"
 	"net"
@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -70,28 +69,10 @@ func (m *mesh) issue(t *testing.T, kind pki.Kind, name string) {
 	m.certs[kind.String()+"-"+name] = [2]string{iss.CertFile, iss.KeyFile}
 }
 
-// syncBuffer is a log sink tests can read while the registrar writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startSecure starts a registrar over etcd with mTLS and authz on.
-func startSecure(t *testing.T, etcd *etcdtest.Cluster, m *mesh, mut ...func(*registrar.Options)) (*registrar.Server, *syncBuffer) {
+func startSecure(t *testing.T, etcd *etcdtest.Cluster, m *mesh, mut ...func(*registrar.Options)) (*registrar.Server, *logbuf.Buffer) {
 	t.Helper()
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	return startRegistrar(t, etcd.Endpoints(), append([]func(*registrar.Options){func(o *registrar.Options) {
 		o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = m.serverCert, m.srvKey, m.ca
 		o.TrustDomain = "example.org"
@@ -412,7 +393,7 @@ func leafSerial(t *testing.T, file string) string {
 
 func TestPlaintextWarnsAndAllowsAll(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	srv := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) {
 		o.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})

@@ -432,12 +432,6 @@ func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
 // Registrar is the running registrar.
 func (s *Server) Registrar() *Registrar { return s.reg }
 
-// EtcdClient is the registrar's etcd client.
-func (s *Server) EtcdClient() *clientv3.Client { return s.cli }
-
-// EtcdEndpoints are the client URLs of the etcd in use.
-func (s *Server) EtcdEndpoints() []string { return s.cli.Endpoints() }
-
 // Close stops serving, persists what is queued (bounded by ctx) and stops
 // etcd if embedded.
 func (s *Server) Close(ctx context.Context) error {
@@ -461,8 +455,10 @@ func (s *Server) Close(ctx context.Context) error {
 
 func (s *Server) teardown() {
 	if s.replStop != nil {
-		// Stops mirroring without revoking peer leases: a successor
-		// re-attaches the keys well inside the TTL (seed 002, correction 1).
+		// Stops mirroring without revoking peer leases: revoking would
+		// delete this region's mirror from every peer at once. Left alone,
+		// the keys live until the lease's TTL runs out, and a successor
+		// re-attaches them under its own lease before that.
 		s.replStop()
 		<-s.replDone
 		s.replStop = nil

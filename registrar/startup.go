@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/backend"
 )
 
 // startup is what a Server waits for before it serves: which step it is
@@ -237,7 +237,7 @@ type startupBackend struct {
 	startup *startup
 }
 
-func (b *startupBackend) List(ctx context.Context) (etcdstore.Listing, error) {
+func (b *startupBackend) List(ctx context.Context) (backend.Listing, error) {
 	l, err := b.Backend.List(ctx)
 	if !b.startup.isReady.Load() {
 		b.startup.note(false, err)

@@ -10,7 +10,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -100,7 +100,7 @@ type state struct {
 	clock registry.HLC
 	// base is, per key, the mod revisions of the key and of its tombstone
 	// in the backend as last seen: the guesses an ordered flush swaps
-	// against (etcdstore.ApplyOrdered). A wrong guess costs the flush a
+	// against (backend.Store.ApplyOrdered). A wrong guess costs the flush a
 	// round trip, never correctness, so it is kept only where cheap to
 	// know.
 	base map[registry.EndpointID]baseRev
@@ -131,7 +131,7 @@ func (s *state) noteBase(id registry.EndpointID, key, tomb, seen int64) {
 // value stamped later, or a delete, whose stamp is in its tombstone, which
 // no watch carries), the old guess stays; it fails, and the flush reads
 // the key and decides by the stamps.
-func (s *state) noteWatched(e etcdstore.Event) {
+func (s *state) noteWatched(e backend.Event) {
 	if w, ok := s.queue.latest(e.ID); ok {
 		if e.Endpoint == nil || registry.CompareStamps(w.stamp, e.Endpoint.GetStamp()) < 0 {
 			return
@@ -370,7 +370,7 @@ func (s *state) guarded(id registry.EndpointID, rev int64) bool {
 }
 
 // applyWatch folds one batch of backend changes into the snapshot.
-func (s *state) applyWatch(b etcdstore.WatchBatch) []*registrarv1.EndpointEvent {
+func (s *state) applyWatch(b backend.WatchBatch) []*registrarv1.EndpointEvent {
 	var evs []*registrarv1.EndpointEvent
 	for _, e := range b.Events {
 		s.noteEndpoint(e.ID, e.Revision)
@@ -425,21 +425,13 @@ func (s *state) nodeGone(id registry.NodeID, rev int64) {
 	}
 }
 
-// ghosts returns the endpoints of (region, cluster) whose node has no record
-// and that were registered more than grace ago: their node's lease lapsed
+// ghostsIn returns, among the given services, the endpoints of (region,
+// cluster) whose node has no record and that were registered more than
+// grace ago: their node's lease lapsed
 // (or the node never announced). The grace keeps a registration that races
 // its node's announcement, or a node re-announcing after a lapse, from
 // being swept. Endpoints without a node are static and never swept; other
 // clusters' and regions' endpoints are never considered.
-func (s *state) ghosts(region, cluster string, now time.Time, grace time.Duration) []registry.EndpointID {
-	services := make([]string, 0, len(s.endpoints))
-	for svc := range s.endpoints {
-		services = append(services, svc)
-	}
-	return s.ghostsIn(services, region, cluster, now, grace)
-}
-
-// ghostsIn is ghosts among the endpoints of the given services.
 func (s *state) ghostsIn(services []string, region, cluster string, now time.Time, grace time.Duration) []registry.EndpointID {
 	var out []registry.EndpointID
 	for _, svc := range services {
@@ -480,7 +472,7 @@ func (s *state) advance(rev int64) {
 
 // takeBatch hands up to max writes to the flusher, each with the backend
 // revisions of its key as last seen (the ordered flush's guesses).
-func (s *state) takeBatch(max int, now time.Time) []etcdstore.Mutation {
+func (s *state) takeBatch(max int, now time.Time) []backend.Mutation {
 	b := s.queue.take(max, now)
 	for i := range b {
 		base := s.base[b[i].ID]
@@ -489,22 +481,8 @@ func (s *state) takeBatch(max int, now time.Time) []etcdstore.Mutation {
 	return b
 }
 
-// batchDone records that a whole batch landed at revision rev.
-func (s *state) batchDone(b []etcdstore.Mutation, rev int64) {
-	outs := make([]etcdstore.Outcome, len(b))
-	for i, m := range b {
-		outs[i] = etcdstore.Outcome{Landed: true, Revision: rev}
-		if m.Endpoint != nil {
-			outs[i].KeyRev = rev
-		} else {
-			outs[i].TombRev = rev
-		}
-	}
-	s.batchSettled(b, outs, time.Time{})
-}
-
 // batchSettled records what became of each write of a flushed batch
-// (etcdstore.ApplyOrdered's outcomes) and returns the events it caused:
+// (backend.Store.ApplyOrdered's outcomes) and returns the events it caused:
 //
 //   - Landed: where no newer local write is waiting, the stored value is
 //     the one that landed (the watch cannot have changed it while the
@@ -514,7 +492,7 @@ func (s *state) batchDone(b []etcdstore.Mutation, rev int64) {
 //     local write is waiting (which will be ordered in its turn).
 //   - Refused permanently: isolated (writeQueue.isolate).
 //   - Not settled: back to pending.
-func (s *state) batchSettled(b []etcdstore.Mutation, outs []etcdstore.Outcome, now time.Time) []*registrarv1.EndpointEvent {
+func (s *state) batchSettled(b []backend.Mutation, outs []backend.Outcome, now time.Time) []*registrarv1.EndpointEvent {
 	var evs []*registrarv1.EndpointEvent
 	for i, m := range b {
 		o := outs[i]
@@ -562,7 +540,7 @@ func (s *state) batchSettled(b []etcdstore.Mutation, outs []etcdstore.Outcome, n
 }
 
 // batchFailed returns a batch to the queue; writes made since take priority.
-func (s *state) batchFailed(b []etcdstore.Mutation) {
+func (s *state) batchFailed(b []backend.Mutation) {
 	for _, m := range b {
 		s.queue.failed(m.ID)
 	}

@@ -191,8 +191,10 @@ func TestBackendReconcile(t *testing.T) {
 	}
 }
 
-// The rev-68 regression of the design records: a sync that reads the backend
-// before a local write is flushed must not revert that write.
+// A sync that reads the backend before a local write is flushed must not
+// revert that write: the listing predates the write, so applying it would
+// withdraw an endpoint the caller was told is registered, and the flush would
+// bring it back a moment later.
 func TestLocalWritesWinUntilPersisted(t *testing.T) {
 	s := newState("e", 100, 100)
 	s.applyListing(listing(10))

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/backend"
 )
 
 // maxWatchCoalesce bounds how many queued watch batches are folded into one
@@ -46,7 +46,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 		return done
 	}
 	// begin starts applying a listing; false if it is to be ignored.
-	begin := func(l etcdstore.Listing, scope listingScope) *listingApply {
+	begin := func(l backend.Listing, scope listingScope) *listingApply {
 		a := newListingApply(l)
 		a.scope = scope
 		r.mu.Lock()
@@ -64,7 +64,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	// relist lists and applies in the foreground, with no watch running:
 	// every value after the watch lost its position, only changed ones
 	// (backstopList) for a poll.
-	relist := func(list func(context.Context) (etcdstore.Listing, listingScope, error)) (int64, bool) {
+	relist := func(list func(context.Context) (backend.Listing, listingScope, error)) (int64, bool) {
 		if wait := r.opts.SyncDebounce - time.Since(lastList); wait > 0 {
 			select {
 			case <-ctx.Done():
@@ -108,7 +108,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	// onWatch applies a watch batch and whatever queued behind it. It
 	// returns false when the watch lost its position and a foreground
 	// re-list and a new watch could not be set up before ctx ended.
-	onWatch := func(b etcdstore.WatchBatch, ok bool) bool {
+	onWatch := func(b backend.WatchBatch, ok bool) bool {
 		if ctx.Err() != nil {
 			return false
 		}
@@ -134,7 +134,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			watch, wcancel = r.watchFrom(ctx, rev)
 			return true
 		}
-		batches := []etcdstore.WatchBatch{b}
+		batches := []backend.WatchBatch{b}
 	drain:
 		for len(batches) < maxWatchCoalesce {
 			select {
@@ -168,7 +168,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	// The backstop listing: at most one out at a time, its result arriving
 	// on listed, then applied step by step (applying).
 	type listResult struct {
-		l          etcdstore.Listing
+		l          backend.Listing
 		scope      listingScope
 		err        error
 		foreground int // foreground re-lists before it was read
@@ -237,7 +237,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 }
 
 // watchFrom starts a backend watch that the returned func cancels.
-func (r *Registrar) watchFrom(ctx context.Context, rev int64) (<-chan etcdstore.WatchBatch, context.CancelFunc) {
+func (r *Registrar) watchFrom(ctx context.Context, rev int64) (<-chan backend.WatchBatch, context.CancelFunc) {
 	wctx, cancel := context.WithCancel(ctx)
 	return r.backend.Watch(wctx, rev), cancel
 }

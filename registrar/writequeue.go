@@ -4,7 +4,7 @@ import (
 	"time"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -157,8 +157,8 @@ func (q *writeQueue) del(id registry.EndpointID, stamp *registryv1.WriteStamp, n
 
 // take hands up to max writes to the flusher: pending ones, and isolated
 // ones whose retry time has come.
-func (q *writeQueue) take(max int, now time.Time) []etcdstore.Mutation {
-	var b []etcdstore.Mutation
+func (q *writeQueue) take(max int, now time.Time) []backend.Mutation {
+	var b []backend.Mutation
 	for id, w := range q.isolated {
 		if len(b) == max {
 			return b
@@ -166,7 +166,7 @@ func (q *writeQueue) take(max int, now time.Time) []etcdstore.Mutation {
 		if now.Before(w.retryAt) {
 			continue
 		}
-		b = append(b, etcdstore.Mutation{ID: id, Endpoint: w.w.ep, Stamp: w.w.stamp})
+		b = append(b, backend.Mutation{ID: id, Endpoint: w.w.ep, Stamp: w.w.stamp})
 		q.inflight[id] = w.w
 		delete(q.isolated, id)
 	}
@@ -177,7 +177,7 @@ func (q *writeQueue) take(max int, now time.Time) []etcdstore.Mutation {
 		if len(b) == max {
 			break
 		}
-		b = append(b, etcdstore.Mutation{ID: id, Endpoint: w.ep, Stamp: w.stamp})
+		b = append(b, backend.Mutation{ID: id, Endpoint: w.ep, Stamp: w.stamp})
 		q.inflight[id] = w
 		delete(q.pending, id)
 	}

@@ -17,8 +17,8 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/internal/testutil/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/internal/testutil/watchcheck"
 	"github.com/aethermesh/aether/registrar"

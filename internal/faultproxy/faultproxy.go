@@ -1,6 +1,10 @@
-// Package faultproxy is a user-space TCP proxy that injects network faults
-// into tests: connection resets, partitions and latency. The test kernel has
-// no netem, so faults are made one hop above the kernel instead.
+// Package faultproxy is a user-space TCP proxy that injects network faults:
+// connection resets, partitions and latency. The test kernel has no netem, so
+// faults are made one hop above the kernel instead.
+//
+// It lives outside internal/testutil because the benchmark harness, which
+// ships in the aether binary, partitions etcd through it at run time; the
+// binary must not link packages written only for tests.
 //
 // Invariants:
 //
