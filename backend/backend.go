@@ -287,8 +287,9 @@ type Store interface {
 // polling List.
 type Watcher interface {
 	// Watch streams changes under registry.Root with revision > afterRev,
-	// each revision's changes in one batch (a write's changes arrive
-	// together), each change exactly once and in revision order, across
+	// all of one revision's changes in the same batch (a write's changes
+	// arrive together; a batch may carry several revisions, as a feed
+	// catching up does), each change exactly once and in revision order, across
 	// any failures of the store's own feed underneath. Pass the Revision
 	// of a Listing, a KeyRevisions or a WatchBatch as afterRev. If the
 	// feed cannot resume because afterRev+1 has been compacted away, it

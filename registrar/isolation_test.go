@@ -34,6 +34,14 @@ func TestRefusedWriteIsIsolated(t *testing.T) {
 	if err := r.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			cctx, ccancel := context.WithTimeout(context.Background(), time.Second)
+			defer ccancel()
+			_ = r.Close(cctx)
+		}
+	})
 	huge := mkEP(t, "web", "10.0.0.1")
 	huge.Metadata = map[string]string{"blob": strings.Repeat("x", 1600<<10)} // over etcd's 1.5 MiB
 	r.mu.Lock()
@@ -48,9 +56,11 @@ func TestRefusedWriteIsIsolated(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	wait.For(t, "the 20 ordinary writes in etcd", 10*time.Second, func() bool {
+	// The flush's outcomes are recorded once the whole batch is settled,
+	// a moment after etcd holds the 20.
+	wait.For(t, "the 20 ordinary writes in etcd and the flush settled", 10*time.Second, func() bool {
 		resp, err := cli.Get(ctx, registry.Root, clientv3.WithPrefix(), clientv3.WithCountOnly())
-		return err == nil && resp.Count == 20
+		return err == nil && resp.Count == 20 && r.PersistenceStatus().Pending == 1
 	})
 	st := r.PersistenceStatus()
 	if st.Pending != 1 || len(st.Isolated) != 1 || !strings.Contains(st.Isolated[0].Key, "10.0.0.1") || !strings.Contains(st.Isolated[0].Reason, "too large") {
@@ -82,6 +92,7 @@ func TestRefusedWriteIsIsolated(t *testing.T) {
 	})
 	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer ccancel()
+	closed = true
 	if err := r.Close(cctx); err != nil {
 		t.Fatalf("close: %v", err)
 	}

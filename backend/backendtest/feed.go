@@ -215,11 +215,15 @@ func RunWatchResumesWithoutGap(t T, f Factory) {
 	bs := c.upTo(t, fenceRev)
 	checkFeed(t, bs, base.Revision)
 	expectEvents(t, "watch from the listing", eventsOf(bs), append(append([]backend.Event(nil), want...), fenceEvs...), bs)
-	for _, b := range bs { // the batch of several keys arrives together
+	// A write of several keys arrives together: no revision's events are
+	// split over two batches (a batch may carry several revisions).
+	batchOf := map[int64]int{}
+	for i, b := range bs {
 		for _, e := range b.Events {
-			if e.Revision != b.Events[0].Revision {
-				t.Fatalf("a batch holds more than one revision's events:%s", describeBatches(bs))
+			if j, seen := batchOf[e.Revision]; seen && j != i {
+				t.Fatalf("revision %d's events are split over batches %d and %d:%s", e.Revision, j, i, describeBatches(bs))
 			}
+			batchOf[e.Revision] = i
 		}
 	}
 	c.stop()
