@@ -302,39 +302,34 @@ func (c *Client) Flush(ctx context.Context) error {
 	}
 }
 
-// checkOrigin refuses an origin other than the client's: the registrar would
-// refuse it too, and its identity would not be the one the cache expects.
-func (c *Client) checkOrigin(region, cluster, field string) error {
-	if region != c.cfg.Region {
-		return &registry.FieldError{Field: field + "region", Reason: fmt.Sprintf("%q is not this client's region %q (Config.Region)", region, c.cfg.Region)}
-	}
-	if cluster != c.cfg.Cluster {
-		return &registry.FieldError{Field: field + "cluster", Reason: fmt.Sprintf("%q is not this client's cluster %q (Config.Cluster)", cluster, c.cfg.Cluster)}
-	}
-	return nil
+// origin is the client's own region and cluster (Config.Region and
+// Config.Cluster): the registrar would refuse any other, and the cache
+// files an endpoint under the identity the registrar will give it.
+func (c *Client) origin() registry.Origin {
+	return registry.Origin{Region: c.cfg.Region, Cluster: c.cfg.Cluster, Refusal: clientRefusal}
 }
 
-// normalizeID fills in the client's origin and the canonical IP, so the
-// identity matches the cache's and the registrar's.
+// clientRefusal names the setting that fixes the client's origin, since a
+// client cannot write through another registrar the way a caller of the
+// registrar can.
+func clientRefusal(part, got, own string) string {
+	setting := "Config.Region"
+	if part == "cluster" {
+		setting = "Config.Cluster"
+	}
+	return fmt.Sprintf("%q is not this client's %s %q (%s)", got, part, own, setting)
+}
+
+// checkOrigin refuses an origin other than the client's.
+func (c *Client) checkOrigin(region, cluster, field string) error {
+	return c.origin().Claim(&region, &cluster, field)
+}
+
+// normalizeID fills in the client's origin and the canonical IP and checks
+// every part as the registrar does, so the identity matches the cache's and
+// the registrar's.
 func (c *Client) normalizeID(id registry.EndpointID) (registry.EndpointID, error) {
-	if id.Region == "" {
-		id.Region = c.cfg.Region
-	}
-	if id.Cluster == "" {
-		id.Cluster = c.cfg.Cluster
-	}
-	if err := c.checkOrigin(id.Region, id.Cluster, ""); err != nil {
-		return id, err
-	}
-	ip, err := registry.CanonicalIP(id.IP)
-	if err != nil {
-		return id, &registry.FieldError{Field: "ip", Reason: err.Error()}
-	}
-	id.IP = ip
-	if err := id.Validate(); err != nil {
-		return id, err
-	}
-	return id, nil
+	return c.origin().NormalizeID(id)
 }
 
 // enqueue records an intent, applies it to the cache and wakes the writer.

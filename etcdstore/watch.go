@@ -10,16 +10,16 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/internal/retry"
 	"github.com/aethermesh/aether/registry"
 )
 
-// Backoff between attempts to re-establish a watch that etcd ended. The cap
-// keeps recovery prompt once etcd is back; the floor keeps a watch that
-// fails at once (no leader, say) from spinning.
-const (
-	minWatchBackoff = 50 * time.Millisecond
-	maxWatchBackoff = 2 * time.Second
-)
+// watchBackoff spaces attempts to re-establish a watch that etcd ended. The
+// cap keeps recovery prompt once etcd is back; the floor keeps a watch that
+// fails at once (no leader, say) from spinning. It waits the exponential
+// step itself, without jitter: one watch per store retries alone, so there
+// is no crowd to spread.
+var watchBackoff = retry.Backoff{Base: 50 * time.Millisecond, Max: 2 * time.Second}
 
 // The change feed's types are package backend's.
 type (
@@ -57,9 +57,9 @@ func (s *Store) Watch(ctx context.Context, afterRev int64) <-chan WatchBatch {
 
 func (s *Store) watch(ctx context.Context, lastRev int64, out chan<- WatchBatch) {
 	defer close(out)
-	backoff := minWatchBackoff
+	attempt := 0
 	for {
-		compacted, reason := s.watchOnce(ctx, &lastRev, out, &backoff)
+		compacted, reason := s.watchOnce(ctx, &lastRev, out, &attempt)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -75,22 +75,20 @@ func (s *Store) watch(ctx context.Context, lastRev int64, out chan<- WatchBatch)
 			s.log.Error("etcd client closed; watch ends", "after_revision", lastRev)
 			return
 		}
-		s.log.Warn("etcd watch ended; re-establishing", "resume_revision", lastRev+1, "backoff", backoff, "err", reason)
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		d := watchBackoff.Ceiling(attempt)
+		attempt++
+		s.log.Warn("etcd watch ended; re-establishing", "resume_revision", lastRev+1, "backoff", d, "err", reason)
+		if !retry.Sleep(ctx, d, nil) {
 			return
 		}
-		backoff = min(2*backoff, maxWatchBackoff)
 	}
 }
 
 // watchOnce runs one etcd watch from *lastRev+1 until it ends, delivering
 // its batches and advancing *lastRev. It reports why the watch ended and
-// whether that was compaction.
-func (s *Store) watchOnce(ctx context.Context, lastRev *int64, out chan<- WatchBatch, backoff *time.Duration) (compacted bool, reason error) {
+// whether that was compaction. A delivered batch restarts the caller's
+// backoff (*attempt).
+func (s *Store) watchOnce(ctx context.Context, lastRev *int64, out chan<- WatchBatch, attempt *int) (compacted bool, reason error) {
 	// A child context per attempt: cancelling it ends exactly this etcd
 	// watch, which a retry must do before opening the next.
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -122,7 +120,7 @@ func (s *Store) watchOnce(ctx context.Context, lastRev *int64, out chan<- WatchB
 		*lastRev = b.Revision
 		// Delivering means the watch works; the next failure starts the
 		// backoff afresh instead of inheriting a long outage's delay.
-		*backoff = minWatchBackoff
+		*attempt = 0
 	}
 	if err := ctx.Err(); err != nil {
 		return false, err

@@ -139,12 +139,16 @@ func (p *digestPlan) merge(f backend.Listing) backend.Listing {
 // backstopList reads the backend for the backstop re-list: keys and
 // revisions, then only the values the snapshot lacks, or a full listing
 // when most of them are lacking (or the revision was compacted before they
-// could be read). With a watch running, call it with tracking started
-// (trackForListing).
+// could be read, or the store offers no keys-only listing). With a watch
+// running, call it with tracking started (trackForListing).
 func (r *Registrar) backstopList(ctx context.Context) (backend.Listing, listingScope, error) {
 	ctx, cancel := context.WithTimeout(ctx, max(r.opts.SyncInterval, 10*time.Second))
 	defer cancel()
 	start := time.Now()
+	if r.digester == nil {
+		l, err := r.listFull(ctx, start)
+		return l, nil, err
+	}
 	var bounds []string
 	if b := r.bounds.Load(); b != nil {
 		bounds = *b
@@ -153,7 +157,7 @@ func (r *Registrar) backstopList(ctx context.Context) (backend.Listing, listingS
 	expect := r.st.len()
 	r.mu.Unlock()
 	pause := r.backstopPause(len(bounds) + expect/listingStep)
-	kr, err := r.backend.ListRevisionsInParts(ctx, backend.Parts{Bounds: bounds, Between: pause, Expect: expect})
+	kr, err := r.digester.ListRevisionsInParts(ctx, backend.Parts{Bounds: bounds, Between: pause, Expect: expect})
 	if err != nil {
 		r.metrics.syncErrors.Inc()
 		return backend.Listing{}, nil, fmt.Errorf("keys-only listing: %w", err)

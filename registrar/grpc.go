@@ -467,6 +467,8 @@ func (s *service) status(method, op string, err error) error {
 	case errors.Is(err, errNotFound):
 		s.r.metrics.rejected.WithLabelValues("not_found").Inc()
 		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, errNoLeases):
+		return status.Error(codes.FailedPrecondition, fmt.Sprintf("%s: %v", op, err))
 	case errors.Is(err, errBackend):
 		s.r.metrics.rejected.WithLabelValues("backend").Inc()
 		return status.Error(codes.Unavailable, fmt.Sprintf("%s: %v; retry", op, err))

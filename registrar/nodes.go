@@ -27,9 +27,18 @@ import (
 // errBackend marks a failure to reach the backend; clients should retry.
 var errBackend = errors.New("backend unavailable")
 
+// errNoLeases refuses a node call on a store without leases
+// (backend.Leases): node liveness here means records the store expires
+// itself, so on such a store a node record could never lapse, and a
+// retry cannot change that.
+var errNoLeases = errors.New("the configured backend has no leases, so this registrar keeps no node records (AnnounceNode, Heartbeat and LeaveNode are not available on it)")
+
 // AnnounceNode creates or refreshes a node record, keeping the node's lease
 // if it is still alive.
 func (r *Registrar) AnnounceNode(ctx context.Context, in *registryv1.Node) (*registryv1.Node, error) {
+	if r.leases == nil {
+		return nil, errNoLeases
+	}
 	if in != nil {
 		region, cluster := in.GetRegion(), in.GetCluster()
 		if err := r.claimOrigin(&region, &cluster, "node."); err != nil {
@@ -57,7 +66,7 @@ func (r *Registrar) AnnounceNode(ctx context.Context, in *registryv1.Node) (*reg
 	for attempt := 0; attempt < 2; attempt++ {
 		lease := int64(0)
 		if prev != nil && prev.LeaseId != 0 && attempt == 0 {
-			if _, err := r.backend.KeepAliveOnce(ctx, prev.LeaseId); err == nil {
+			if _, err := r.leases.KeepAliveOnce(ctx, prev.LeaseId); err == nil {
 				lease = prev.LeaseId
 				n.AnnouncedAt = prev.AnnouncedAt // same incarnation of the node
 			} else if !errors.Is(err, backend.ErrLeaseNotFound) {
@@ -65,12 +74,12 @@ func (r *Registrar) AnnounceNode(ctx context.Context, in *registryv1.Node) (*reg
 			}
 		}
 		if lease == 0 {
-			if lease, err = r.backend.GrantLease(ctx, r.opts.NodeTTL); err != nil {
+			if lease, err = r.leases.GrantLease(ctx, r.opts.NodeTTL); err != nil {
 				return nil, fmt.Errorf("%w: granting node %s a lease: %v", errBackend, id.Name, err)
 			}
 		}
 		n.LeaseId = lease
-		rev, err := r.backend.PutNode(ctx, n, lease)
+		rev, err := r.leases.PutNode(ctx, n, lease)
 		if errors.Is(err, backend.ErrLeaseNotFound) {
 			continue // lapsed between the renewal and the put: start afresh
 		}
@@ -108,11 +117,14 @@ func (r *Registrar) nodeLease(name, region, cluster string) (registry.NodeID, in
 
 // Heartbeat renews a node's lease.
 func (r *Registrar) Heartbeat(ctx context.Context, name, region, cluster string) (time.Duration, error) {
+	if r.leases == nil {
+		return 0, errNoLeases
+	}
 	_, lease, err := r.nodeLease(name, region, cluster)
 	if err != nil {
 		return 0, err
 	}
-	ttl, err := r.backend.KeepAliveOnce(ctx, lease)
+	ttl, err := r.leases.KeepAliveOnce(ctx, lease)
 	switch {
 	case errors.Is(err, backend.ErrLeaseNotFound):
 		return 0, fmt.Errorf("%w: node %q's lease lapsed; announce it again", errNotFound, name)
@@ -124,11 +136,14 @@ func (r *Registrar) Heartbeat(ctx context.Context, name, region, cluster string)
 
 // LeaveNode removes a node record at once by revoking its lease.
 func (r *Registrar) LeaveNode(ctx context.Context, name, region, cluster string) error {
+	if r.leases == nil {
+		return errNoLeases
+	}
 	id, lease, err := r.nodeLease(name, region, cluster)
 	if err != nil {
 		return err
 	}
-	rev, err := r.backend.RevokeLease(ctx, lease)
+	rev, err := r.leases.RevokeLease(ctx, lease)
 	if err != nil {
 		return fmt.Errorf("%w: revoking node %q's lease: %v", errBackend, name, err)
 	}
@@ -163,6 +178,9 @@ func (r *Registrar) ListNodes(ctx context.Context) []*registrarv1.NodeStatus {
 		n.Health.EndpointsHeld, n.Health.EndpointsHeldServing = h.held, h.serving
 		out = append(out, &registrarv1.NodeStatus{Node: n, LastHeartbeatAgeSeconds: -1, LeaseRemainingSeconds: -1})
 	}
+	if r.leases == nil {
+		return out // no lease to ask about
+	}
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 16)
 	for _, st := range out {
@@ -170,7 +188,7 @@ func (r *Registrar) ListNodes(ctx context.Context) []*registrarv1.NodeStatus {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			remaining, granted, err := r.backend.LeaseTTL(ctx, st.Node.LeaseId)
+			remaining, granted, err := r.leases.LeaseTTL(ctx, st.Node.LeaseId)
 			if err != nil {
 				return
 			}
@@ -193,8 +211,13 @@ func (r *Registrar) kickSweep() {
 
 // runSweep removes ghost endpoints of this registrar's own cluster: those
 // whose node record is gone. It runs when a node record disappears and
-// every third of --node-ttl as a backstop.
+// every third of --node-ttl as a backstop. On a store without leases it
+// does nothing: there are no node records, so every endpoint with a node
+// would look like a ghost, though no node's liveness was ever judged.
 func (r *Registrar) runSweep(ctx context.Context) {
+	if r.leases == nil {
+		return
+	}
 	t := time.NewTicker(max(r.opts.NodeTTL/3, time.Second))
 	defer t.Stop()
 	for {

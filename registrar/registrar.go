@@ -15,42 +15,45 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/internal/retry"
 	"github.com/aethermesh/aether/registry"
 	"github.com/aethermesh/aether/replicator"
 )
 
-// Backend is the durable store a registrar persists to and learns other
-// replicas' writes from: a store with every capability of package backend
-// (the contract of each method is written there). *etcdstore.Store
-// implements it.
+// Backend is a store with every capability of package backend, as the etcd
+// backend (*etcdstore.Store) offers: what the registrar runs at its best on.
+// New takes any backend.Store and uses what it finds of the rest:
 //
 //   - backend.Store: ApplyOrdered persists a batch so that per key the
 //     newest stamp wins, safe to retry for the unsettled mutations after
 //     an error; List the whole registry at one revision; GetEndpoint one
 //     endpoint as held now, for a drain or unregister of an endpoint this
 //     replica has not heard of; GetAt some values at a revision.
-//   - backend.Watcher: the change feed after a revision.
+//   - backend.Watcher: the change feed after a revision. Without it the
+//     registrar syncs by polling (SyncPoll).
 //   - backend.Digester: the backstop's cheap listing, keys and mod
 //     revisions read in parts paced by the caller, followed by GetAt of
-//     the values that changed.
+//     the values that changed. Without it every backstop is a full List.
 //   - backend.Leases: node liveness, leases and node records written under
 //     them; a lease that is gone is reported as backend.ErrLeaseNotFound.
-type Backend interface {
-	backend.Store
-	backend.Watcher
-	backend.Digester
-	backend.Leases
-}
+//     Without it node calls are refused (errNoLeases) and there is no
+//     ghost sweep.
+type Backend = backend.Full
 
 // Registrar is one active-active replica: the snapshot, its streams, the
 // write-behind flusher and the backend syncer. The state machine (state) is
 // guarded by mu; the loops do I/O outside the lock.
 type Registrar struct {
 	opts    Options
-	backend Backend
-	log     *slog.Logger
-	metrics *metrics
-	now     func() time.Time
+	backend backend.Store
+	// The store's optional capabilities, found once by New; nil for one it
+	// lacks.
+	watcher  backend.Watcher
+	digester backend.Digester
+	leases   backend.Leases
+	log      *slog.Logger
+	metrics  *metrics
+	now      func() time.Time
 
 	mu  sync.Mutex
 	st  *state
@@ -75,15 +78,35 @@ type Registrar struct {
 	persist persistTracker
 }
 
-// New builds a registrar over a backend. Call Start to load the snapshot.
-func New(opts Options, backend Backend) (*Registrar, error) {
+// New builds a registrar over a store. Call Start to load the snapshot.
+// The store's optional capabilities are found here, once: without a change
+// feed (backend.Watcher) the registrar syncs by polling, which an explicit
+// SyncMode SyncWatch refuses rather than quietly ignores (an empty SyncMode
+// picks poll); without a digest (backend.Digester) the backstop takes full
+// listings; without leases (backend.Leases) node calls are refused and
+// nothing is swept.
+func New(opts Options, store backend.Store) (*Registrar, error) {
+	watcher, _ := store.(backend.Watcher)
+	digester, _ := store.(backend.Digester)
+	leases, _ := store.(backend.Leases)
+	if watcher == nil {
+		switch opts.SyncMode {
+		case SyncWatch:
+			return nil, fmt.Errorf("--sync-mode %q: the configured backend has no change feed to watch; use --sync-mode %s", opts.SyncMode, SyncPoll)
+		case "":
+			opts.SyncMode = SyncPoll
+		}
+	}
 	opts = opts.withDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	r := &Registrar{
 		opts:      opts,
-		backend:   backend,
+		backend:   store,
+		watcher:   watcher,
+		digester:  digester,
+		leases:    leases,
 		log:       opts.Logger.With("component", "registrar", "cluster", opts.ClusterName, "region", opts.Region),
 		now:       time.Now,
 		st:        newState(newEpoch(), opts.WatchHistory, opts.WriteQueueLimit),
@@ -99,26 +122,28 @@ func New(opts Options, backend Backend) (*Registrar, error) {
 	return r, nil
 }
 
+// startBackoff spaces the attempts of the initial listing.
+var startBackoff = retry.Backoff{Base: 100 * time.Millisecond, Max: 5 * time.Second}
+
 // Start loads the snapshot from the backend, retrying until it succeeds or
 // ctx ends, then starts the flusher, the syncer and the bookmark ticker. A
 // registrar does not serve before its snapshot is loaded: an empty snapshot
 // would tell every watcher that all endpoints are gone.
 func (r *Registrar) Start(ctx context.Context) error {
 	var l backend.Listing
-	backoff := 100 * time.Millisecond
-	for {
+	for attempt := 0; ; attempt++ {
 		var err error
 		l, err = r.list(ctx)
 		if err == nil {
 			break
 		}
+		// One registrar waiting for its own store has no crowd to spread,
+		// so it waits the plain exponential step.
+		backoff := startBackoff.Ceiling(attempt)
 		r.log.Warn("initial listing failed; retrying", "err", err, "in", backoff)
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, backoff, nil) {
 			return fmt.Errorf("loading the snapshot from the backend: %w", err)
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 5*time.Second)
 	}
 	r.mu.Lock()
 	r.st.applyListing(l)
@@ -157,10 +182,8 @@ func (r *Registrar) Close(ctx context.Context) error {
 			}
 			return nil
 		}
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, 200*time.Millisecond, nil) {
 			return fmt.Errorf("registrar closed with %d writes not persisted: %w", r.PendingWrites(), err)
-		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }
@@ -285,20 +308,10 @@ func (r *Registrar) DrainChecked(id registry.EndpointID, check WriteCheck) (*reg
 // under the lock, broadcasting the event it yields. check, if set, runs
 // first under the same lock when the endpoint exists.
 func (r *Registrar) change(id registry.EndpointID, check WriteCheck, fn func(*state, registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error)) (*registryv1.ServiceEndpoint, string, error) {
-	if err := r.claimOrigin(&id.Region, &id.Cluster, ""); err != nil {
+	id, err := r.origin().NormalizeID(id)
+	if err != nil {
 		return nil, "", err
 	}
-	if err := registry.ValidateName("service", id.Service); err != nil {
-		return nil, "", &registry.FieldError{Field: "service", Reason: err.Error()}
-	}
-	if _, err := registry.ProtocolSegment(id.Protocol); err != nil {
-		return nil, "", &registry.FieldError{Field: "protocol", Reason: err.Error()}
-	}
-	ip, err := registry.CanonicalIP(id.IP)
-	if err != nil {
-		return nil, "", &registry.FieldError{Field: "ip", Reason: err.Error()}
-	}
-	id.IP = ip
 	r.mu.Lock()
 	if r.st.get(id) == nil {
 		// Not in this replica's snapshot, but perhaps written through
@@ -361,23 +374,23 @@ func (r *Registrar) learn(id registry.EndpointID) error {
 	return nil
 }
 
+// origin is this registrar's region and cluster: a registrar is the write
+// path of its own cluster only, which keeps every origin subtree
+// single-writer.
+func (r *Registrar) origin() registry.Origin {
+	return registry.Origin{Region: r.opts.Region, Cluster: r.opts.ClusterName, Refusal: registrarRefusal}
+}
+
+// registrarRefusal tells the caller where to write instead: another
+// origin's subtree has its own registrars.
+func registrarRefusal(part, got, own string) string {
+	return fmt.Sprintf("%q is not this registrar's %s %q; write through a registrar of %s %q", got, part, own, part, got)
+}
+
 // claimOrigin defaults an empty region/cluster to this registrar's, and
-// refuses another origin: a registrar is the write path of its own cluster
-// only, which keeps every origin subtree single-writer.
+// refuses another origin (see origin).
 func (r *Registrar) claimOrigin(region, cluster *string, field string) error {
-	if *region == "" {
-		*region = r.opts.Region
-	}
-	if *cluster == "" {
-		*cluster = r.opts.ClusterName
-	}
-	if *region != r.opts.Region {
-		return &registry.FieldError{Field: field + "region", Reason: fmt.Sprintf("%q is not this registrar's region %q; write through a registrar of region %q", *region, r.opts.Region, *region)}
-	}
-	if *cluster != r.opts.ClusterName {
-		return &registry.FieldError{Field: field + "cluster", Reason: fmt.Sprintf("%q is not this registrar's cluster %q; write through a registrar of cluster %q", *cluster, r.opts.ClusterName, *cluster)}
-	}
-	return nil
+	return r.origin().Claim(region, cluster, field)
 }
 
 // List returns the endpoints of the given services (all when empty) and the

@@ -6,6 +6,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/internal/retry"
 )
 
 // maxWatchCoalesce bounds how many queued watch batches are folded into one
@@ -26,8 +27,9 @@ const listingStep = 2048
 // a large registry's listing never holds other replicas' writes back. When
 // the watch cannot resume (compaction) the re-list runs in the foreground;
 // foreground re-lists are spaced at least SyncDebounce apart. With SyncMode
-// SyncPoll no watch is opened at all: the re-list every SyncInterval is the
-// only way other replicas' writes arrive.
+// SyncPoll, which New picks for a store without a change feed, no watch is
+// opened at all: the re-list every SyncInterval is the only way other
+// replicas' writes arrive.
 func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	poll := time.NewTicker(r.opts.SyncInterval)
 	defer poll.Stop()
@@ -66,10 +68,8 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	// (backstopList) for a poll.
 	relist := func(list func(context.Context) (backend.Listing, listingScope, error)) (int64, bool) {
 		if wait := r.opts.SyncDebounce - time.Since(lastList); wait > 0 {
-			select {
-			case <-ctx.Done():
+			if !retry.Sleep(ctx, wait, nil) {
 				return 0, false
-			case <-time.After(wait):
 			}
 		}
 		lastList = time.Now()
@@ -86,7 +86,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 		}
 		return l.Revision, true
 	}
-	if r.opts.SyncMode == SyncPoll {
+	if r.opts.SyncMode == SyncPoll || r.watcher == nil {
 		for {
 			select {
 			case <-ctx.Done():
@@ -239,7 +239,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 // watchFrom starts a backend watch that the returned func cancels.
 func (r *Registrar) watchFrom(ctx context.Context, rev int64) (<-chan backend.WatchBatch, context.CancelFunc) {
 	wctx, cancel := context.WithCancel(ctx)
-	return r.backend.Watch(wctx, rev), cancel
+	return r.watcher.Watch(wctx, rev), cancel
 }
 
 // apply runs a state transition and broadcasts its events, atomically.

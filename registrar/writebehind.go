@@ -3,6 +3,8 @@ package registrar
 import (
 	"context"
 	"time"
+
+	"github.com/aethermesh/aether/internal/retry"
 )
 
 // maxFlushOps bounds one Apply call. A normal flush is far smaller (one
@@ -20,6 +22,9 @@ const maxFlushOps = 1024
 // during which other replicas do not see this one's writes, short.
 const flushTimeout = 2 * time.Second
 
+// flushBackoff spaces the retries of a failing flush.
+var flushBackoff = retry.Backoff{Base: 50 * time.Millisecond, Max: 5 * time.Second}
+
 // runFlusher persists queued writes. Flushes are spaced at least
 // WriteBatchInterval apart, so etcd sees at most one transaction per interval
 // however many writes arrive, except that a flush starts at once when
@@ -31,16 +36,16 @@ const flushTimeout = 2 * time.Second
 // until one succeeds.
 func (r *Registrar) runFlusher(ctx context.Context) {
 	var lastFlush time.Time
-	backoff := 50 * time.Millisecond
+	failures := 0 // flushes failed in a row
 	for {
 		r.mu.Lock()
 		pending := len(r.st.queue.pending)
-		retry := r.st.queue.nextRetry()
+		retryAt := r.st.queue.nextRetry()
 		r.mu.Unlock()
 		wait := r.opts.WriteBatchInterval - time.Since(lastFlush)
-		if !retry.IsZero() && pending == 0 {
+		if !retryAt.IsZero() && pending == 0 {
 			// Only isolated writes wait: offer them again when due.
-			if until := retry.Sub(r.now()); until > 0 {
+			if until := retryAt.Sub(r.now()); until > 0 {
 				wait = max(wait, until)
 			} else {
 				pending = 1
@@ -49,7 +54,7 @@ func (r *Registrar) runFlusher(ctx context.Context) {
 		if pending == 0 || (wait > 0 && pending < r.opts.WriteBatchSize) {
 			var t *time.Timer
 			var timeout <-chan time.Time
-			if pending > 0 || !retry.IsZero() {
+			if pending > 0 || !retryAt.IsZero() {
 				t = time.NewTimer(max(wait, 0))
 				timeout = t.C
 			}
@@ -72,17 +77,18 @@ func (r *Registrar) runFlusher(ctx context.Context) {
 				return
 			}
 			r.metrics.flushErrors.Inc()
+			// One flusher retrying its own store has no crowd to spread,
+			// so it waits the plain exponential step.
+			backoff := flushBackoff.Ceiling(failures)
+			failures++
 			r.log.Warn("write-behind flush failed; writes stay queued", "err", err, "pending", r.PendingWrites(), "retry_in", backoff)
-			select {
-			case <-ctx.Done():
+			if !retry.Sleep(ctx, backoff, nil) {
 				return
-			case <-time.After(backoff):
 			}
-			backoff = min(backoff*2, 5*time.Second)
 			lastFlush = time.Time{} // retry as soon as the backoff is over
 			continue
 		}
-		backoff = 50 * time.Millisecond
+		failures = 0
 	}
 }
 

@@ -98,23 +98,11 @@ func NormalizeEndpoint(in *registryv1.ServiceEndpoint, lim Limits) (*registryv1.
 	ep.CreatedAt, ep.UpdatedAt, ep.Stamp = nil, nil, nil
 	DiscardUnknown(ep)
 
-	if err := ValidateName("service", ep.Service); err != nil {
-		return nil, fieldErr("endpoint.service", err)
-	}
-	if _, err := ProtocolSegment(ep.Protocol); err != nil {
-		return nil, fieldErr("endpoint.protocol", err)
-	}
-	ip, err := CanonicalIP(ep.Ip)
+	id, err := checkID(IDOf(ep), "endpoint.")
 	if err != nil {
-		return nil, fieldErr("endpoint.ip", err)
+		return nil, err
 	}
-	ep.Ip = ip
-	if err := ValidateName("region", ep.Region); err != nil {
-		return nil, fieldErr("endpoint.region", err)
-	}
-	if err := ValidateName("cluster", ep.Cluster); err != nil {
-		return nil, fieldErr("endpoint.cluster", err)
-	}
+	ep.Ip = id.IP
 	if ep.Node != "" {
 		if err := ValidateName("node", ep.Node); err != nil {
 			return nil, fieldErr("endpoint.node", err)

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/aethermesh/aether/internal/retry"
 )
 
 // Lag is measured against a record of when the leader first saw each local
@@ -94,7 +96,8 @@ func (h *headTracker) reset() {
 // missed to the moment it noticed.
 func (r *Replicator) trackHead(ctx context.Context, minMirrored func() int64) {
 	var last int64
-	bo := newBackoff(50*time.Millisecond, 2*time.Second)
+	bo := retry.Backoff{Base: 50 * time.Millisecond, Max: 2 * time.Second}
+	attempt := 0
 	trim := time.NewTicker(time.Second)
 	defer trim.Stop()
 	for ctx.Err() == nil {
@@ -103,7 +106,8 @@ func (r *Replicator) trackHead(ctx context.Context, minMirrored func() int64) {
 			resp, err := r.cfg.Local.Get(gctx, r.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 			cancel()
 			if err != nil {
-				sleep(ctx, bo.next())
+				retry.Sleep(ctx, bo.Spread(attempt, jitterPct), nil)
+				attempt++
 				continue
 			}
 			last = resp.Header.GetRevision()
@@ -128,13 +132,14 @@ func (r *Replicator) trackHead(ctx context.Context, minMirrored func() int64) {
 				if n := len(resp.Events); n > 0 {
 					last = resp.Events[n-1].Kv.ModRevision
 					r.head.observe(last, time.Now())
-					bo.reset()
+					attempt = 0
 				}
 			case <-trim.C:
 				r.head.trim(minMirrored())
 			}
 		}
 		cancel()
-		sleep(ctx, bo.next())
+		retry.Sleep(ctx, bo.Spread(attempt, jitterPct), nil)
+		attempt++
 	}
 }

@@ -8,6 +8,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/aethermesh/aether/internal/retry"
 )
 
 // drainEvents bounds how many events already queued on the watch channel
@@ -37,9 +39,10 @@ const (
 // mirrored revision.
 func (p *peer) mirror(ctx context.Context, cli *clientv3.Client, lease clientv3.LeaseID, fenceRev, rev int64) error {
 	last := rev
-	bo := newBackoff(minLocalWatchBackoff, maxLocalWatchBackoff)
+	bo := retry.Backoff{Base: minLocalWatchBackoff, Max: maxLocalWatchBackoff}
+	attempt := 0
 	for {
-		err := p.watchOnce(ctx, cli, lease, fenceRev, &last, bo)
+		err := p.watchOnce(ctx, cli, lease, fenceRev, &last, &attempt)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -47,17 +50,19 @@ func (p *peer) mirror(ctx context.Context, cli *clientv3.Client, lease clientv3.
 		if !errors.As(err, &le) {
 			return err
 		}
-		d := bo.next()
+		d := bo.Spread(attempt, jitterPct)
+		attempt++
 		p.log.Warn("local watch ended; resuming", "resume_revision", last+1, "err", err, "backoff", d)
-		if !sleep(ctx, d) {
+		if !retry.Sleep(ctx, d, nil) {
 			return ctx.Err()
 		}
 	}
 }
 
 // watchOnce runs one local watch from *last+1 and applies what it delivers,
-// advancing *last after each applied batch.
-func (p *peer) watchOnce(ctx context.Context, cli *clientv3.Client, lease clientv3.LeaseID, fenceRev int64, last *int64, bo *backoff) error {
+// advancing *last after each applied batch and restarting the caller's
+// backoff (*attempt) once something was applied.
+func (p *peer) watchOnce(ctx context.Context, cli *clientv3.Client, lease clientv3.LeaseID, fenceRev int64, last *int64, attempt *int) error {
 	// RequireLeader: a local member cut off from its quorum ends the watch
 	// instead of silently serving nothing.
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -133,7 +138,7 @@ func (p *peer) watchOnce(ctx context.Context, cli *clientv3.Client, lease client
 		*last = evs[len(evs)-1].Kv.ModRevision
 		// Applying means the watch works; the next local failure starts
 		// the backoff afresh.
-		bo.reset()
+		*attempt = 0
 	}
 }
 

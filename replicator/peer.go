@@ -11,6 +11,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/aethermesh/aether/internal/retry"
 )
 
 var (
@@ -100,7 +102,8 @@ func (p *peer) lead(ctx context.Context, ep epoch) error {
 	defer ka.Wait()
 	defer kcancel()
 
-	bo := newBackoff(100*time.Millisecond, min(max(p.r.cfg.LeaseTTL/3, time.Second), 5*time.Second))
+	bo := retry.Backoff{Base: 100 * time.Millisecond, Max: min(max(p.r.cfg.LeaseTTL/3, time.Second), 5*time.Second)}
+	attempt := 0
 	reason := syncStart
 	for {
 		synced, err := p.session(ctx, ep, reason)
@@ -108,9 +111,10 @@ func (p *peer) lead(ctx context.Context, ep epoch) error {
 			return nil
 		}
 		if synced {
-			bo.reset()
+			attempt = 0
 		}
-		d := bo.next()
+		d := bo.Spread(attempt, jitterPct)
+		attempt++
 		switch {
 		case errors.Is(err, errDeposed):
 			p.log.Warn("peer claimed by a newer leader of this region; stepping down", "err", err)
@@ -129,7 +133,7 @@ func (p *peer) lead(ctx context.Context, ep epoch) error {
 			p.r.m.mirrorErrors.WithLabelValues(p.cfg.Region).Inc()
 			p.log.Warn("peer mirror failed; retrying with a full sync", "err", err, "backoff", d)
 		}
-		if !sleep(ctx, d) {
+		if !retry.Sleep(ctx, d, nil) {
 			return nil
 		}
 	}

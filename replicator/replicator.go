@@ -12,8 +12,15 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/aethermesh/aether/internal/retry"
 	"github.com/aethermesh/aether/registry"
 )
+
+// jitterPct spreads every retry delay of the replicator within this many
+// percent of its exponential step, so that the loops of many replicas or
+// peers that failed together do not retry in lockstep, while each still
+// waits about the step it backs off by.
+const jitterPct = 20
 
 var (
 	// errSessionLost: the local election session's lease is gone (local
@@ -101,7 +108,8 @@ func (r *Replicator) Run(ctx context.Context) error {
 	defer r.closePeerClients()
 	r.log.Info("replicator starting", "peers", len(r.peers), "identity", r.cfg.Identity,
 		"lease_ttl", r.cfg.LeaseTTL, "session_ttl", r.cfg.SessionTTL, "election", r.cfg.ElectionPrefix)
-	bo := newBackoff(100*time.Millisecond, 2*time.Second)
+	bo := retry.Backoff{Base: 100 * time.Millisecond, Max: 2 * time.Second}
+	attempt := 0
 	for {
 		if ctx.Err() != nil {
 			r.log.Info("replicator stopped")
@@ -115,11 +123,12 @@ func (r *Replicator) Run(ctx context.Context) error {
 			continue
 		}
 		if led {
-			bo.reset()
+			attempt = 0
 		}
-		d := bo.next()
+		d := bo.Spread(attempt, jitterPct)
+		attempt++
 		r.log.Warn("replicator election term ended; campaigning again", "err", err, "backoff", d)
-		sleep(ctx, d)
+		retry.Sleep(ctx, d, nil)
 	}
 }
 
@@ -291,7 +300,7 @@ func (r *Replicator) observeLeader(ctx context.Context, sess *concurrency.Sessio
 				r.mu.Unlock()
 			}
 		}
-		sleep(ctx, 500*time.Millisecond)
+		retry.Sleep(ctx, 500*time.Millisecond, nil)
 	}
 }
 

@@ -39,3 +39,42 @@ func TestBackoffDelayWithinBounds(t *testing.T) {
 		t.Errorf("zero Backoff waits %v", d)
 	}
 }
+
+func TestCeilingDoublesUpToMax(t *testing.T) {
+	b := Backoff{Base: 50 * time.Millisecond, Max: 2 * time.Second}
+	want := []time.Duration{50, 100, 200, 400, 800, 1600, 2000, 2000}
+	for attempt, w := range want {
+		if d := b.Ceiling(attempt); d != w*time.Millisecond {
+			t.Errorf("Ceiling(%d) = %v, want %v", attempt, d, w*time.Millisecond)
+		}
+	}
+	if d := b.Ceiling(1000); d != 2*time.Second {
+		t.Errorf("Ceiling(1000) = %v, want the cap", d)
+	}
+	if d := (Backoff{}).Ceiling(3); d != 0 {
+		t.Errorf("zero Backoff waits %v", d)
+	}
+}
+
+func TestSpreadStaysWithinItsFraction(t *testing.T) {
+	d := time.Second
+	lowest := Spread(d, 20, func(int64) int64 { return 0 })
+	highest := Spread(d, 20, func(n int64) int64 { return n - 1 })
+	if lowest != 800*time.Millisecond || highest != 1200*time.Millisecond {
+		t.Errorf("Spread(1s, 20%%) spans [%v, %v], want [800ms, 1.2s]", lowest, highest)
+	}
+	if got := Spread(d, 0, func(n int64) int64 { return n - 1 }); got != d {
+		t.Errorf("Spread(1s, 0%%) = %v, want 1s", got)
+	}
+	if got := Spread(0, 20, func(n int64) int64 { return n - 1 }); got != 0 {
+		t.Errorf("Spread(0) = %v, want 0", got)
+	}
+	b := Backoff{Base: 100 * time.Millisecond, Max: 2 * time.Second}
+	for attempt, ceil := range map[int]time.Duration{0: 100 * time.Millisecond, 2: 400 * time.Millisecond, 9: 2 * time.Second} {
+		for range 500 {
+			if got := b.Spread(attempt, 20); got < ceil*8/10 || got > ceil*12/10 {
+				t.Fatalf("attempt %d: %v outside [%v, %v]", attempt, got, ceil*8/10, ceil*12/10)
+			}
+		}
+	}
+}
