@@ -38,6 +38,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -344,4 +345,54 @@ type Full interface {
 	Watcher
 	Digester
 	Leases
+}
+
+// ErrInvalidMutation marks a mutation refused before anything was sent: a
+// malformed identity, no stamp, a value that names another endpoint.
+var ErrInvalidMutation = errors.New("invalid mutation")
+
+// Prepared is one mutation of a batch as a store writes it: its key and
+// encoded value (nil for a delete).
+type Prepared struct {
+	Key   string
+	Value []byte
+}
+
+// Prepare checks a batch for ApplyOrdered the same way for every store:
+// a mutation that cannot be written (invalid identity, no stamp, a value
+// naming another endpoint, a value that does not encode) gets its own
+// Outcome.Err, wrapping ErrInvalidMutation, and the others go on; a key
+// written twice refuses the whole batch, as the caller broke the contract.
+// outs carries each mutation's guesses forward.
+func Prepare(muts []Mutation) (ps []Prepared, outs []Outcome, err error) {
+	ps = make([]Prepared, len(muts))
+	outs = make([]Outcome, len(muts))
+	seen := make(map[string]int, len(muts))
+	for i, m := range muts {
+		outs[i].KeyRev, outs[i].TombRev = m.KeyRev, m.TombRev
+		key, kerr := m.ID.Key()
+		if kerr != nil {
+			outs[i].Err = fmt.Errorf("%w: endpoint id %s: %v", ErrInvalidMutation, m.ID, kerr)
+			continue
+		}
+		if j, dup := seen[key]; dup {
+			return nil, nil, fmt.Errorf("%w: mutations %d and %d both write %s", ErrInvalidMutation, j, i, key)
+		}
+		seen[key] = i
+		ps[i].Key = key
+		switch {
+		case m.StampOf() == nil:
+			outs[i].Err = fmt.Errorf("%w: %s has no write stamp", ErrInvalidMutation, key)
+		case m.Endpoint != nil && registry.IDOf(m.Endpoint) != m.ID:
+			outs[i].Err = fmt.Errorf("%w: endpoint %s does not match its id %s", ErrInvalidMutation, registry.IDOf(m.Endpoint), key)
+		case m.Endpoint != nil:
+			val, eerr := registry.EncodeEndpoint(m.Endpoint)
+			if eerr != nil {
+				outs[i].Err = fmt.Errorf("%w: encode %s: %v", ErrInvalidMutation, key, eerr)
+				continue
+			}
+			ps[i].Value = val
+		}
+	}
+	return ps, outs, nil
 }

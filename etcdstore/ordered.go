@@ -57,7 +57,7 @@ const maxOrderedRounds = 6
 type Outcome = backend.Outcome
 
 // ErrInvalidMutation marks a mutation refused before anything was sent.
-var ErrInvalidMutation = errors.New("invalid mutation")
+var ErrInvalidMutation = backend.ErrInvalidMutation
 
 // Permanent reports whether an etcd error means the request can never
 // succeed as it is (too large, too many operations, malformed), as
@@ -135,39 +135,17 @@ type orderedOp struct {
 // still land. err is a failure of the moment (etcd unreachable, no
 // leader): mutations not Settled then must be retried, those Settled stand.
 func (s *Store) ApplyOrdered(ctx context.Context, muts []Mutation) (outs []Outcome, err error) {
-	outs = make([]Outcome, len(muts))
+	ps, outs, err := backend.Prepare(muts)
+	if err != nil {
+		return nil, err
+	}
 	ops := make([]orderedOp, len(muts))
-	seen := make(map[string]int, len(muts))
 	for i, m := range muts {
-		outs[i].KeyRev, outs[i].TombRev = m.KeyRev, m.TombRev
-		key, kerr := m.ID.Key()
-		if kerr != nil {
-			outs[i].Err = fmt.Errorf("%w: endpoint id %s: %v", ErrInvalidMutation, m.ID, kerr)
+		if outs[i].Err != nil {
 			continue
 		}
-		if j, dup := seen[key]; dup {
-			return nil, fmt.Errorf("%w: mutations %d and %d both write %s", ErrInvalidMutation, j, i, key)
-		}
-		seen[key] = i
 		tomb, _ := registry.TombstoneKey(m.ID)
-		op := orderedOp{key: key, tomb: tomb, stamp: m.StampOf()}
-		if op.stamp == nil {
-			outs[i].Err = fmt.Errorf("%w: %s has no write stamp", ErrInvalidMutation, key)
-			continue
-		}
-		if m.Endpoint != nil {
-			if got := registry.IDOf(m.Endpoint); got != m.ID {
-				outs[i].Err = fmt.Errorf("%w: endpoint %s does not match its id %s", ErrInvalidMutation, got, key)
-				continue
-			}
-			val, eerr := registry.EncodeEndpoint(m.Endpoint)
-			if eerr != nil {
-				outs[i].Err = fmt.Errorf("%w: encode %s: %v", ErrInvalidMutation, key, eerr)
-				continue
-			}
-			op.val = val
-		}
-		ops[i] = op
+		ops[i] = orderedOp{key: ps[i].Key, tomb: tomb, val: ps[i].Value, stamp: m.StampOf()}
 	}
 	for round := 0; round < maxOrderedRounds; round++ {
 		var todo []int

@@ -15,7 +15,6 @@ package memory
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -29,7 +28,7 @@ import (
 )
 
 // ErrInvalidMutation marks a mutation refused before anything was written.
-var ErrInvalidMutation = errors.New("invalid mutation")
+var ErrInvalidMutation = backend.ErrInvalidMutation
 
 // Options configure a Backend.
 type Options struct {
@@ -162,31 +161,13 @@ func (b *Backend) ApplyOrdered(ctx context.Context, muts []backend.Mutation) ([]
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	outs := make([]backend.Outcome, len(muts))
+	ps, outs, err := backend.Prepare(muts)
+	if err != nil {
+		return nil, err
+	}
 	keys := make([]string, len(muts))
-	seen := make(map[string]int, len(muts))
-	for i, m := range muts {
-		outs[i].KeyRev, outs[i].TombRev = m.KeyRev, m.TombRev
-		key, err := m.ID.Key()
-		if err != nil {
-			outs[i].Err = fmt.Errorf("%w: endpoint id %s: %v", ErrInvalidMutation, m.ID, err)
-			continue
-		}
-		if j, dup := seen[key]; dup {
-			return nil, fmt.Errorf("%w: mutations %d and %d both write %s", ErrInvalidMutation, j, i, key)
-		}
-		seen[key] = i
-		switch {
-		case m.StampOf() == nil:
-			outs[i].Err = fmt.Errorf("%w: %s has no write stamp", ErrInvalidMutation, key)
-		case m.Endpoint != nil && registry.IDOf(m.Endpoint) != m.ID:
-			outs[i].Err = fmt.Errorf("%w: endpoint %s does not match its id %s", ErrInvalidMutation, registry.IDOf(m.Endpoint), key)
-		case m.Endpoint != nil:
-			if _, err := registry.EncodeEndpoint(m.Endpoint); err != nil {
-				outs[i].Err = fmt.Errorf("%w: encode %s: %v", ErrInvalidMutation, key, err)
-			}
-		}
-		keys[i] = key
+	for i := range ps {
+		keys[i] = ps[i].Key
 	}
 
 	b.mu.Lock()
