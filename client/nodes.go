@@ -36,16 +36,10 @@ func (c *Client) AnnounceNode(ctx context.Context, node *registryv1.Node) (heart
 	if n.Name == "" {
 		n.Name = c.cfg.Node
 	}
-	if n.Region == "" {
-		n.Region = c.cfg.Region
-	}
-	if n.Cluster == "" {
-		n.Cluster = c.cfg.Cluster
-	}
 	if err := c.checkNode(n.Name); err != nil {
 		return 0, fmt.Errorf("client: announce node: %w", err)
 	}
-	if err := c.checkOrigin(n.Region, n.Cluster, "node."); err != nil {
+	if err := c.origin().Claim(&n.Region, &n.Cluster, "node."); err != nil {
 		return 0, fmt.Errorf("client: announce node: %w", err)
 	}
 	var resp *registrarv1.AnnounceNodeResponse

@@ -215,16 +215,10 @@ func (c *Client) Register(ep *registryv1.ServiceEndpoint) error {
 		return errors.New("client: register: endpoint must be set")
 	}
 	in := proto.Clone(ep).(*registryv1.ServiceEndpoint)
-	if in.Region == "" {
-		in.Region = c.cfg.Region
-	}
-	if in.Cluster == "" {
-		in.Cluster = c.cfg.Cluster
-	}
 	if in.Node == "" {
 		in.Node = c.cfg.Node
 	}
-	if err := c.checkOrigin(in.Region, in.Cluster, "endpoint."); err != nil {
+	if err := c.origin().Claim(&in.Region, &in.Cluster, "endpoint."); err != nil {
 		return fmt.Errorf("client: register: %w", err)
 	}
 	norm, err := registry.NormalizeEndpoint(in, registry.DefaultLimits)
@@ -318,11 +312,6 @@ func clientRefusal(part, got, own string) string {
 		setting = "Config.Cluster"
 	}
 	return fmt.Sprintf("%q is not this client's %s %q (%s)", got, part, own, setting)
-}
-
-// checkOrigin refuses an origin other than the client's.
-func (c *Client) checkOrigin(region, cluster, field string) error {
-	return c.origin().Claim(&region, &cluster, field)
 }
 
 // normalizeID fills in the client's origin and the canonical IP and checks

@@ -319,9 +319,7 @@ func (r *Registrar) change(id registry.EndpointID, check WriteCheck, fn func(*st
 		// backend before answering NOT_FOUND, so a drain or deregister
 		// right after a register through another replica works.
 		r.mu.Unlock()
-		if err := r.learn(id); err != nil {
-			return nil, "", err
-		}
+		r.learn(id)
 		r.mu.Lock()
 	}
 	if check != nil {
@@ -354,16 +352,16 @@ const learnTimeout = 2 * time.Second
 // if the backend has it, takes it into the snapshot (state.adopt). A
 // backend that cannot be read leaves the snapshot as it is: the caller
 // then answers from the snapshot, NOT_FOUND.
-func (r *Registrar) learn(id registry.EndpointID) error {
+func (r *Registrar) learn(id registry.EndpointID) {
 	ctx, cancel := context.WithTimeout(context.Background(), learnTimeout)
 	defer cancel()
 	ep, rev, at, err := r.backend.GetEndpoint(ctx, id)
 	if err != nil {
 		r.log.Warn("reading an endpoint this replica does not hold failed", "endpoint", id.String(), "err", err)
-		return nil
+		return
 	}
 	if ep == nil {
-		return nil
+		return
 	}
 	r.mu.Lock()
 	ev := r.st.adopt(id, ep, rev, at)
@@ -371,7 +369,6 @@ func (r *Registrar) learn(id registry.EndpointID) error {
 		r.hub.publish([]*registrarv1.EndpointEvent{ev})
 	}
 	r.mu.Unlock()
-	return nil
 }
 
 // origin is this registrar's region and cluster: a registrar is the write
