@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
-	"github.com/aethermesh/aether/embedetcd"
+	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 	"github.com/aethermesh/aether/registrar"
 )
 

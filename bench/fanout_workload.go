@@ -16,7 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	etcdstore "github.com/aethermesh/aether/backend/etcd"
 	"github.com/aethermesh/aether/registry"
 )
 

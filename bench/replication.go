@@ -17,10 +17,10 @@ import (
 	"go.uber.org/zap"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/embedetcd"
+	"github.com/aethermesh/aether/backend/etcd/embedetcd"
+	"github.com/aethermesh/aether/backend/etcd/replicator"
 	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/registry"
-	"github.com/aethermesh/aether/replicator"
 )
 
 // Regions of the replication scenario.

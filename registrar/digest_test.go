@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	etcdstore "github.com/aethermesh/aether/backend/etcd"
 	"github.com/aethermesh/aether/registry"
 )
 

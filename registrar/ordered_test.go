@@ -6,7 +6,7 @@ import (
 	"time"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	etcdstore "github.com/aethermesh/aether/backend/etcd"
 	"github.com/aethermesh/aether/registry"
 )
 

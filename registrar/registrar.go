@@ -15,9 +15,9 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/backend/etcd/replicator"
 	"github.com/aethermesh/aether/internal/retry"
 	"github.com/aethermesh/aether/registry"
-	"github.com/aethermesh/aether/replicator"
 )
 
 // Backend is a store with every capability of package backend, as the etcd

@@ -26,11 +26,11 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/authz"
-	"github.com/aethermesh/aether/embedetcd"
-	"github.com/aethermesh/aether/etcdstore"
+	etcdstore "github.com/aethermesh/aether/backend/etcd"
+	"github.com/aethermesh/aether/backend/etcd/embedetcd"
+	"github.com/aethermesh/aether/backend/etcd/replicator"
 	"github.com/aethermesh/aether/pki"
 	"github.com/aethermesh/aether/registry"
-	"github.com/aethermesh/aether/replicator"
 )
 
 // Server is a running registrar process: its etcd (embedded or a client to

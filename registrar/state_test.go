@@ -9,7 +9,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/etcdstore"
+	etcdstore "github.com/aethermesh/aether/backend/etcd"
 	"github.com/aethermesh/aether/registry"
 )
 

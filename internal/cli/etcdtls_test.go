@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/embedetcd"
+	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 	"github.com/aethermesh/aether/pki"
 )
 

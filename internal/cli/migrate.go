@@ -10,7 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/aethermesh/aether/migrate"
+	"github.com/aethermesh/aether/backend/etcd/migrate"
 )
 
 func newMigrateCmd() *cobra.Command {

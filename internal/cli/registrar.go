@@ -10,9 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/aethermesh/aether/backend/etcd/replicator"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
-	"github.com/aethermesh/aether/replicator"
 )
 
 // serveRegistrar runs the registrar until ctx is cancelled.

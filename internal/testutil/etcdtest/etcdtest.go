@@ -31,7 +31,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
-	"github.com/aethermesh/aether/embedetcd"
+	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 )
 
 // startTimeout bounds one start of the member; a healthy one takes a few

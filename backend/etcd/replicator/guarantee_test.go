@@ -17,13 +17,13 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/backend/etcd/replicator"
 	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/internal/testutil/watchcheck"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
-	"github.com/aethermesh/aether/replicator"
 )
 
 // Region a's endpoints reach region b through the replicator, under faults

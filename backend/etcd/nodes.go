@@ -1,4 +1,4 @@
-package etcdstore
+package etcd
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Package etcdstore is the etcd backend of the registry: it writes endpoint
+// Package etcd is the etcd backend of the registry: it writes endpoint
 // mutations in batches, lists the registry at a single revision and streams
 // changes after a revision. It knows the v1 key schema only through package
 // registry and holds no state of its own beyond its options, so any number
@@ -35,7 +35,7 @@
 //     registry.Root that are not endpoint keys are ignored silently, and an
 //     endpoint key whose value does not decode is treated as absent (skipped
 //     by List, a removal for Watch) and logged.
-package etcdstore
+package etcd
 
 import (
 	"context"
