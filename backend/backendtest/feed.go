@@ -18,8 +18,10 @@ import (
 // watchTimeout bounds how long a change may take to reach a watcher.
 const watchTimeout = 15 * time.Second
 
-// collector reads a Watch in the background.
-type collector struct {
+// Collector reads a Watch in the background, for the suite and for a
+// backend's own feed tests, so that every feed is read and checked the same
+// way.
+type Collector struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 
@@ -28,9 +30,11 @@ type collector struct {
 	closed  bool
 }
 
-func watch(t T, w backend.Watcher, after int64) *collector {
+// Watch starts collecting w's feed after revision after; the collection
+// stops, and its goroutine is joined, when the test ends.
+func Watch(t T, w backend.Watcher, after int64) *Collector {
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &collector{cancel: cancel, done: make(chan struct{})}
+	c := &Collector{cancel: cancel, done: make(chan struct{})}
 	ch := w.Watch(ctx, after)
 	go func() {
 		defer close(c.done)
@@ -43,34 +47,37 @@ func watch(t T, w backend.Watcher, after int64) *collector {
 		c.closed = true
 		c.mu.Unlock()
 	}()
-	t.Cleanup(c.stop)
+	t.Cleanup(c.Stop)
 	return c
 }
 
-func (c *collector) stop() { c.cancel(); <-c.done }
+// Stop ends the watch and waits for the feed to close.
+func (c *Collector) Stop() { c.cancel(); <-c.done }
 
-func (c *collector) snapshot() ([]backend.WatchBatch, bool) {
+// Snapshot is what the feed delivered so far, and whether it has closed.
+func (c *Collector) Snapshot() ([]backend.WatchBatch, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return append([]backend.WatchBatch(nil), c.batches...), c.closed
 }
 
-// upTo waits until the watcher is known current up to rev, and returns
+// UpTo waits until the watcher is known current up to rev, and returns
 // what it got.
-func (c *collector) upTo(t T, rev int64) []backend.WatchBatch {
+func (c *Collector) UpTo(t T, rev int64) []backend.WatchBatch {
 	t.Helper()
 	eventually(t, fmt.Sprintf("the watch to reach revision %d", rev), watchTimeout, func() bool {
-		bs, closed := c.snapshot()
+		bs, closed := c.Snapshot()
 		return closed || (len(bs) > 0 && bs[len(bs)-1].Revision >= rev)
 	})
-	bs, closed := c.snapshot()
+	bs, closed := c.Snapshot()
 	if closed && (len(bs) == 0 || bs[len(bs)-1].Revision < rev) {
-		t.Fatalf("the watch closed before revision %d:%s", rev, describeBatches(bs))
+		t.Fatalf("the watch closed before revision %d:%s", rev, DescribeBatches(bs))
 	}
 	return bs
 }
 
-func describeBatches(bs []backend.WatchBatch) string {
+// DescribeBatches renders a feed for a failure message.
+func DescribeBatches(bs []backend.WatchBatch) string {
 	var sb strings.Builder
 	for _, b := range bs {
 		fmt.Fprintf(&sb, "\n  rev=%d compacted=%v [", b.Revision, b.Compacted)
@@ -96,27 +103,36 @@ func describeBatches(bs []backend.WatchBatch) string {
 	return sb.String()
 }
 
-// checkFeed asserts what every consumer of a feed relies on: batch
+// checkFeed is CheckOrder on a store that nothing compacted, where a
+// Compacted batch is itself a failure.
+func checkFeed(t T, bs []backend.WatchBatch, after int64) {
+	t.Helper()
+	for i, b := range bs {
+		if b.Compacted {
+			t.Fatalf("batch %d is Compacted on a store nothing compacted:%s", i, DescribeBatches(bs))
+		}
+	}
+	CheckOrder(t, bs, after)
+}
+
+// CheckOrder asserts what every consumer of a feed relies on: batch
 // revisions never decrease, event revisions increase across batches and
 // are within (after, batch revision], no revision's events are split over
 // batches, and nothing is delivered twice.
-func checkFeed(t T, bs []backend.WatchBatch, after int64) {
+func CheckOrder(t T, bs []backend.WatchBatch, after int64) {
 	t.Helper()
 	last, lastEv := after, after
 	for i, b := range bs {
-		if b.Compacted {
-			t.Fatalf("batch %d is Compacted on a store nothing compacted:%s", i, describeBatches(bs))
-		}
 		if b.Revision < last {
-			t.Fatalf("batch %d revision %d below the previous %d:%s", i, b.Revision, last, describeBatches(bs))
+			t.Fatalf("batch %d revision %d below the previous %d:%s", i, b.Revision, last, DescribeBatches(bs))
 		}
 		for j, e := range b.Events {
 			if e.Revision <= after || e.Revision > b.Revision {
-				t.Fatalf("batch %d event %d at %d, outside (%d, %d]:%s", i, j, e.Revision, after, b.Revision, describeBatches(bs))
+				t.Fatalf("batch %d event %d at %d, outside (%d, %d]:%s", i, j, e.Revision, after, b.Revision, DescribeBatches(bs))
 			}
 			if e.Revision < lastEv || (j == 0 && i > 0 && e.Revision == lastEv) {
 				t.Fatalf("batch %d event %d at %d, not after %d (out of order, repeated, or a revision split over batches):%s",
-					i, j, e.Revision, lastEv, describeBatches(bs))
+					i, j, e.Revision, lastEv, DescribeBatches(bs))
 			}
 			lastEv = e.Revision
 		}
@@ -137,14 +153,14 @@ func eventsOf(bs []backend.WatchBatch) []backend.Event {
 func expectEvents(t T, what string, got []backend.Event, want []backend.Event, bs []backend.WatchBatch) {
 	t.Helper()
 	if len(got) != len(want) {
-		t.Fatalf("%s: %d events, want %d:%s", what, len(got), len(want), describeBatches(bs))
+		t.Fatalf("%s: %d events, want %d:%s", what, len(got), len(want), DescribeBatches(bs))
 	}
 	for i := range want {
 		g, w := got[i], want[i]
 		if g.ID != w.ID || g.Revision != w.Revision || (g.Endpoint == nil) != (w.Endpoint == nil) ||
 			(w.Endpoint != nil && !proto.Equal(g.Endpoint, w.Endpoint)) {
 			t.Fatalf("%s: event %d is %s@%d (put %v), want %s@%d (put %v):%s", what, i, g.ID, g.Revision, g.Endpoint != nil,
-				w.ID, w.Revision, w.Endpoint != nil, describeBatches(bs))
+				w.ID, w.Revision, w.Endpoint != nil, DescribeBatches(bs))
 		}
 	}
 }
@@ -182,7 +198,7 @@ func RunWatchResumesWithoutGap(t T, f Factory) {
 	pre := []backend.Mutation{put(endpoint("watch", 90, 1, 10, "A")), put(endpoint("watch", 91, 1, 10, "A"))}
 	landedEvents(pre, apply(t, s, pre...), present)
 	base := list(t, s)
-	c := watch(t, w, base.Revision)
+	c := Watch(t, w, base.Revision)
 
 	// The writes: puts, an update, deletes (one of a present key, one of
 	// an absent key, which changes no endpoint), a batch of several keys,
@@ -212,7 +228,7 @@ func RunWatchResumesWithoutGap(t T, f Factory) {
 	fenceEvs := landedEvents(fence, apply(t, s, fence...), present)
 	fenceRev := fenceEvs[0].Revision
 
-	bs := c.upTo(t, fenceRev)
+	bs := c.UpTo(t, fenceRev)
 	checkFeed(t, bs, base.Revision)
 	expectEvents(t, "watch from the listing", eventsOf(bs), append(append([]backend.Event(nil), want...), fenceEvs...), bs)
 	// A write of several keys arrives together: no revision's events are
@@ -221,12 +237,12 @@ func RunWatchResumesWithoutGap(t T, f Factory) {
 	for i, b := range bs {
 		for _, e := range b.Events {
 			if j, seen := batchOf[e.Revision]; seen && j != i {
-				t.Fatalf("revision %d's events are split over batches %d and %d:%s", e.Revision, j, i, describeBatches(bs))
+				t.Fatalf("revision %d's events are split over batches %d and %d:%s", e.Revision, j, i, DescribeBatches(bs))
 			}
 			batchOf[e.Revision] = i
 		}
 	}
-	c.stop()
+	c.Stop()
 
 	// The listing plus the events is the store's state.
 	state := map[registry.EndpointID]*registryv1.ServiceEndpoint{}
@@ -252,19 +268,19 @@ func RunWatchResumesWithoutGap(t T, f Factory) {
 
 	// Resume from revisions the feed reported: exactly what came after.
 	for _, mid := range []int64{revs[1], revs[3], bs[len(bs)-1].Revision} {
-		c := watch(t, w, mid)
+		c := Watch(t, w, mid)
 		if mid >= fenceRev {
 			// Nothing after the fence yet: write once more to see
 			// that nothing before it comes again.
 			more := []backend.Mutation{put(endpoint("watch", 98, 1, 500, "A"))}
 			moreEvs := landedEvents(more, apply(t, s, more...), present)
-			got := c.upTo(t, moreEvs[0].Revision)
+			got := c.UpTo(t, moreEvs[0].Revision)
 			checkFeed(t, got, mid)
 			expectEvents(t, fmt.Sprintf("watch resumed at %d", mid), eventsOf(got), moreEvs, got)
-			c.stop()
+			c.Stop()
 			continue
 		}
-		got := c.upTo(t, fenceRev)
+		got := c.UpTo(t, fenceRev)
 		checkFeed(t, got, mid)
 		var after []backend.Event
 		for _, e := range append(append([]backend.Event(nil), want...), fenceEvs...) {
@@ -273,7 +289,7 @@ func RunWatchResumesWithoutGap(t T, f Factory) {
 			}
 		}
 		expectEvents(t, fmt.Sprintf("watch resumed at %d", mid), eventsOf(got), after, got)
-		c.stop()
+		c.Stop()
 	}
 }
 
@@ -380,16 +396,16 @@ func RunCompactedIsReported(t T, f Factory) {
 	if !ok {
 		return
 	}
-	old := watch(t, w, r1)
-	eventually(t, "the watch from a compacted revision to close", watchTimeout, func() bool { _, closed := old.snapshot(); return closed })
-	bs, _ := old.snapshot()
+	old := Watch(t, w, r1)
+	eventually(t, "the watch from a compacted revision to close", watchTimeout, func() bool { _, closed := old.Snapshot(); return closed })
+	bs, _ := old.Snapshot()
 	if len(bs) != 1 || !bs[0].Compacted || bs[0].Revision != r1 || len(bs[0].Events) != 0 {
-		t.Fatalf("watch from %d after compaction at %d: want exactly one Compacted batch at %d:%s", r1, r3, r1, describeBatches(bs))
+		t.Fatalf("watch from %d after compaction at %d: want exactly one Compacted batch at %d:%s", r1, r3, r1, DescribeBatches(bs))
 	}
-	cur := watch(t, w, r3)
+	cur := Watch(t, w, r3)
 	d := endpoint("compact", 4, 1, 100, "A")
 	r4 := applyOne(t, s, put(d)).Revision
-	got := cur.upTo(t, r4)
+	got := cur.UpTo(t, r4)
 	checkFeed(t, got, r3)
 	expectEvents(t, "watch from the compaction revision", eventsOf(got), []backend.Event{{ID: registry.IDOf(d), Endpoint: d, Revision: r4}}, got)
 }
@@ -405,9 +421,9 @@ func RunLeases(t T, f Factory) {
 	}
 	ctx := testCtx(t)
 	w, watches := s.(backend.Watcher)
-	var c *collector
+	var c *Collector
 	if watches {
-		c = watch(t, w, list(t, s).Revision)
+		c = Watch(t, w, list(t, s).Revision)
 	}
 
 	const ask = 1500 * time.Millisecond
@@ -456,14 +472,14 @@ func RunLeases(t T, f Factory) {
 		t.Fatalf("PutNode accepted an invalid node name")
 	}
 	if watches {
-		bs := c.upTo(t, revoked)
+		bs := c.UpTo(t, revoked)
 		var nodes []backend.NodeEvent
 		for _, b := range bs {
 			nodes = append(nodes, b.Nodes...)
 		}
 		if len(nodes) != 2 || nodes[0].Node == nil || nodes[0].Revision != putRev || nodes[1].Node != nil || nodes[1].Revision != revoked ||
 			nodes[0].ID != registry.NodeIDOf(n) || nodes[1].ID != registry.NodeIDOf(n) {
-			t.Fatalf("node events %+v, want the put at %d and the revocation at %d:%s", nodes, putRev, revoked, describeBatches(bs))
+			t.Fatalf("node events %+v, want the put at %d and the revocation at %d:%s", nodes, putRev, revoked, DescribeBatches(bs))
 		}
 	}
 

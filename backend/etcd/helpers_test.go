@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/backend/backendtest"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -99,41 +100,17 @@ func currentRev(t *testing.T, cli *clientv3.Client) int64 {
 
 func sameEndpoint(a, b *registryv1.ServiceEndpoint) bool { return proto.Equal(a, b) }
 
-// watcher collects a Watch stream in the background.
+// watcher is the suite's feed collector with this package's waits.
 type watcher struct {
-	t      *testing.T
-	cancel context.CancelFunc
-	done   chan struct{}
-
-	mu      sync.Mutex
-	batches []WatchBatch
-	closed  bool
+	*backendtest.Collector
+	t *testing.T
 }
 
 func startWatch(t *testing.T, s *Store, afterRev int64) *watcher {
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &watcher{t: t, cancel: cancel, done: make(chan struct{})}
-	ch := s.Watch(ctx, afterRev)
-	go func() {
-		defer close(w.done)
-		for b := range ch {
-			w.mu.Lock()
-			w.batches = append(w.batches, b)
-			w.mu.Unlock()
-		}
-		w.mu.Lock()
-		w.closed = true
-		w.mu.Unlock()
-	}()
-	t.Cleanup(func() { cancel(); <-w.done })
-	return w
+	return &watcher{Collector: backendtest.Watch(t, s, afterRev), t: t}
 }
 
-func (w *watcher) snapshot() ([]WatchBatch, bool) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]WatchBatch(nil), w.batches...), w.closed
-}
+func (w *watcher) snapshot() ([]WatchBatch, bool) { return w.Snapshot() }
 
 func (w *watcher) events() []Event {
 	bs, _ := w.snapshot()
@@ -167,52 +144,13 @@ func (w *watcher) waitRevision(rev int64) {
 	})
 }
 
-func describe(bs []WatchBatch) string {
-	var sb strings.Builder
-	for _, b := range bs {
-		fmt.Fprintf(&sb, "\n  rev=%d compacted=%v events=[", b.Revision, b.Compacted)
-		for i, e := range b.Events {
-			if i > 0 {
-				sb.WriteString(" ")
-			}
-			op := "put"
-			if e.Endpoint == nil {
-				op = "del"
-			}
-			fmt.Fprintf(&sb, "%s:%s@%d", op, e.ID.IP, e.Revision)
-		}
-		sb.WriteString("]")
-	}
-	return sb.String()
-}
+func describe(bs []WatchBatch) string { return backendtest.DescribeBatches(bs) }
 
-// checkStream asserts the invariants every consumer relies on: batch
-// revisions never decrease, event revisions strictly increase across
-// batches, no event is above its batch's revision, and none is repeated.
+// checkStream asserts the invariants every consumer relies on (the
+// suite's CheckOrder); a Compacted batch is allowed, as these tests compact.
 func checkStream(t *testing.T, bs []WatchBatch, afterRev int64) {
 	t.Helper()
-	last, lastEv := afterRev, afterRev
-	seen := make(map[string]bool)
-	for i, b := range bs {
-		if b.Revision < last {
-			t.Fatalf("batch %d revision %d < previous %d:%s", i, b.Revision, last, describe(bs))
-		}
-		for j, e := range b.Events {
-			if e.Revision <= afterRev || e.Revision > b.Revision {
-				t.Fatalf("batch %d event %d revision %d outside (%d, %d]", i, j, e.Revision, afterRev, b.Revision)
-			}
-			if e.Revision < lastEv || (j == 0 && e.Revision == lastEv && i > 0) {
-				t.Fatalf("batch %d event %d revision %d not after %d:%s", i, j, e.Revision, lastEv, describe(bs))
-			}
-			k := fmt.Sprintf("%s@%d", e.ID, e.Revision)
-			if seen[k] {
-				t.Fatalf("event %s delivered twice:%s", k, describe(bs))
-			}
-			seen[k] = true
-			lastEv = e.Revision
-		}
-		last = b.Revision
-	}
+	backendtest.CheckOrder(t, bs, afterRev)
 }
 
 // putAndCompact writes endpoint i of svc (generation 1) and compacts

@@ -409,8 +409,7 @@ func TestWatchReestablishesWithoutGapOrDuplicate(t *testing.T) {
 	if !strings.Contains(logs.String(), "re-establishing") {
 		t.Error("re-establishment not logged at warn")
 	}
-	w.cancel()
-	<-w.done
+	w.Stop()
 	fw.wg.Wait()
 }
 
