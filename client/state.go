@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -55,9 +54,13 @@ type state struct {
 	reassertDelay func(attempt int) time.Duration // backoff of repeated re-assertions of one endpoint
 	reassertQuiet time.Duration                   // without re-assertion this long, an endpoint's backoff starts over
 
-	version string // last resume token the stream delivered
-	epoch   string // version parsed, when it parses
-	seq     uint64
+	// version is the last resume token the stream delivered, passed back
+	// as it came; at is its position, taken from the messages' epoch and
+	// sequence fields, never from the token, which the API calls opaque.
+	// The two are kept together, so a stream that resumes from version
+	// starts in at's epoch.
+	version string
+	at      registry.Position
 
 	trackChanges  bool // OnChange is set
 	changes       []Change
@@ -290,33 +293,35 @@ func (s *state) subscribe(services []string) {
 	}
 }
 
-// setVersion records the resume token of a message the client applied.
-func (s *state) setVersion(v string) {
-	if v == "" {
+// setVersion records the resume token and position of a message the client
+// applied. Snapshots and bookmarks name their epoch; a change event does not,
+// as a registrar never changes epoch within a stream: its epoch is the
+// stream's, already in s.at from the stream's first snapshot or stored with
+// the token the stream resumed from. A registrar that predates the epoch
+// field sends none, and its positions then compare with nothing (see
+// sameIncarnation).
+func (s *state) setVersion(ev *registrarv1.EndpointEvent) {
+	if ev.GetVersion() == "" {
 		return
 	}
-	s.version = v
-	s.epoch, s.seq, _ = parseToken(v)
+	s.version = ev.GetVersion()
+	switch ev.GetType() {
+	case registrarv1.EndpointEvent_FULL_SNAPSHOT, registrarv1.EndpointEvent_SERVICES_SNAPSHOT, registrarv1.EndpointEvent_PROGRESS:
+		s.at.Epoch = ev.GetEpoch()
+	}
+	s.at.Seq = ev.GetSequence()
 }
 
 // forgetVersion drops the resume token: the next stream starts with a
 // snapshot.
-func (s *state) forgetVersion() { s.version, s.epoch, s.seq = "", "", 0 }
+func (s *state) forgetVersion() { s.version, s.at = "", registry.Position{} }
 
-// parseToken splits a version token "<epoch>:<sequence>". The proto calls
-// tokens opaque; the client reads them only to tell when the stream has
-// caught up with a write the same registrar acknowledged, and treats a token
-// it cannot parse as never comparable.
-func parseToken(v string) (epoch string, seq uint64, ok bool) {
-	i := strings.LastIndexByte(v, ':')
-	if i <= 0 {
-		return "", 0, false
-	}
-	n, err := strconv.ParseUint(v[i+1:], 10, 64)
-	if err != nil {
-		return "", 0, false
-	}
-	return v[:i], n, true
+// sameIncarnation reports whether an acknowledged write and the stream are
+// positions in one registrar incarnation's history, so that the stream's
+// sequence says whether it has delivered the write. An ack without an epoch
+// (an older registrar) compares with nothing.
+func (s *state) sameIncarnation(w *write) bool {
+	return w.ackAt.Epoch != "" && w.ackAt.Epoch == s.at.Epoch
 }
 
 // startRequest builds the first message of a new stream. It resumes from the

@@ -244,12 +244,12 @@ func (c *Client) apply(sess *session, addr string, batch []*registrarv1.Endpoint
 				s.replace(sess.snapBuf, sess.snapServices, false)
 			}
 			sess.snapBuf, sess.snapServices, sess.snapOpen = nil, nil, false
-			s.setVersion(ev.GetVersion())
+			s.setVersion(ev)
 		case registrarv1.EndpointEvent_ENDPOINT_ADDED, registrarv1.EndpointEvent_ENDPOINT_UPDATED, registrarv1.EndpointEvent_ENDPOINT_REMOVED:
 			s.applyEvent(ev)
-			s.setVersion(ev.GetVersion())
+			s.setVersion(ev)
 		case registrarv1.EndpointEvent_PROGRESS:
-			s.setVersion(ev.GetVersion())
+			s.setVersion(ev)
 			if !sess.synced {
 				// The bookmark after a resume's missed events.
 				sess.synced, becameSynced = true, true

@@ -61,9 +61,11 @@ type write struct {
 	state writeState
 	since uint64 // state.writeSeq when it last became unacknowledged
 
-	ackedAt  time.Time
-	ackEpoch string // "" when the ack carried no comparable version
-	ackSeq   uint64
+	ackedAt time.Time
+	// ackAt is the position of the event the write produced, as the
+	// acknowledging registrar named it; no epoch when it named none, and
+	// then it compares with no stream (sameIncarnation).
+	ackAt registry.Position
 
 	// reassert marks a register the client sent on its own to restore an
 	// owned endpoint (reassert.go), not a caller's intent: its
@@ -178,8 +180,8 @@ func (s *state) settle(now time.Time) {
 			continue
 		}
 		var caughtUp bool
-		if w.ackEpoch != "" && w.ackEpoch == s.epoch {
-			caughtUp = s.seq >= w.ackSeq
+		if s.sameIncarnation(w) {
+			caughtUp = s.at.Seq >= w.ackAt.Seq
 		} else {
 			caughtUp = s.authMatches(w)
 		}
@@ -358,11 +360,11 @@ func (c *Client) runWriter(ctx context.Context) {
 		if !ok {
 			return
 		}
-		ver, stored, err := c.sendWrite(ctx, req)
+		at, stored, err := c.sendWrite(ctx, req)
 		if ctx.Err() != nil {
 			return // closing: the write stays unacknowledged and Close reports it
 		}
-		if !c.finishWrite(req, ver, stored, err) {
+		if !c.finishWrite(req, at, stored, err) {
 			attempt = 0
 			continue
 		}
@@ -432,8 +434,12 @@ func (c *Client) nextWrite(ctx context.Context) (writeReq, bool) {
 	}
 }
 
-// sendWrite performs one write RPC against the current registrar.
-func (c *Client) sendWrite(ctx context.Context, req writeReq) (version string, stored *registryv1.ServiceEndpoint, err error) {
+// sendWrite performs one write RPC against the current registrar and returns
+// the position the registrar gave the write. Unregister and Drain name the
+// endpoint twice, by reference and by the flat fields: a registrar that
+// predates EndpointRef reads only the flat ones, a newer one checks that the
+// two agree.
+func (c *Client) sendWrite(ctx context.Context, req writeReq) (at registry.Position, stored *registryv1.ServiceEndpoint, err error) {
 	idx := c.current()
 	rpc := c.rpc[idx]
 	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
@@ -442,28 +448,30 @@ func (c *Client) sendWrite(ctx context.Context, req writeReq) (version string, s
 	case opRegister:
 		var resp *registrarv1.RegisterEndpointResponse
 		if resp, err = rpc.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: req.ep}); err == nil {
-			version, stored = resp.GetVersion(), resp.GetEndpoint()
+			at, stored = registry.Position{Epoch: resp.GetEpoch(), Seq: resp.GetSequence()}, resp.GetEndpoint()
 		}
 	case opUnregister:
 		var resp *registrarv1.UnregisterEndpointResponse
 		if resp, err = rpc.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{
-			Service: req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
+			Endpoint: req.id.Ref(),
+			Service:  req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
 			OwnerNode: req.owner,
 		}); err == nil {
-			version = resp.GetVersion()
+			at = registry.Position{Epoch: resp.GetEpoch(), Seq: resp.GetSequence()}
 		}
 	case opDrain:
 		var resp *registrarv1.DrainEndpointResponse
 		if resp, err = rpc.DrainEndpoint(ctx, &registrarv1.DrainEndpointRequest{
-			Service: req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
+			Endpoint: req.id.Ref(),
+			Service:  req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
 		}); err == nil {
-			version = resp.GetVersion()
+			at = registry.Position{Epoch: resp.GetEpoch(), Seq: resp.GetSequence()}
 		}
 	}
 	if err != nil {
 		err = fmt.Errorf("%s %s at %s: %w", req.op, req.id, c.cfg.Addrs[idx], err)
 	}
-	return version, stored, err
+	return at, stored, err
 }
 
 // permanentWrite reports whether a registrar's answer means that retrying
@@ -476,7 +484,7 @@ func permanentWrite(err error, op opKind) bool {
 
 // finishWrite records the outcome of an RPC and reports whether to back off
 // and retry.
-func (c *Client) finishWrite(req writeReq, ver string, stored *registryv1.ServiceEndpoint, err error) (retry bool) {
+func (c *Client) finishWrite(req writeReq, at registry.Position, stored *registryv1.ServiceEndpoint, err error) (retry bool) {
 	code := status.Code(err)
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -489,10 +497,7 @@ func (c *Client) finishWrite(req writeReq, ver string, stored *registryv1.Servic
 			s.requeueFront(w) // a newer intent arrived meanwhile
 			break
 		}
-		w.state, w.ackedAt = writeAcked, time.Now()
-		if e, n, ok := parseToken(ver); ok {
-			w.ackEpoch, w.ackSeq = e, n
-		}
+		w.state, w.ackedAt, w.ackAt = writeAcked, time.Now(), at
 		if stored != nil && registry.SameAttributes(stored, w.ep) {
 			w.ep = stored // the registrar's copy carries the timestamps
 		}
