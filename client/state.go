@@ -170,10 +170,10 @@ func (s *state) change(t ChangeType, ep, prev *registryv1.ServiceEndpoint) {
 	}
 }
 
-// applyEvent folds one ADDED/UPDATED/REMOVED event in. Events of services
-// the cache does not hold are ignored: they are in flight from before an
-// Unsubscribe took effect on the registrar.
-func (s *state) applyEvent(ev *registrarv1.EndpointEvent) {
+// applyEvent folds one ADDED/UPDATED/REMOVED event in, at now. Events of
+// services the cache does not hold are ignored: they are in flight from
+// before an Unsubscribe took effect on the registrar.
+func (s *state) applyEvent(ev *registrarv1.EndpointEvent, now time.Time) {
 	ep := ev.GetEndpoint()
 	if ep == nil {
 		return
@@ -187,7 +187,7 @@ func (s *state) applyEvent(ev *registrarv1.EndpointEvent) {
 	} else {
 		s.setAuth(id, ep)
 	}
-	s.reconcile(id, time.Now(), false)
+	s.reconcile(id, now, false)
 	s.recompute(id)
 }
 
@@ -195,7 +195,7 @@ func (s *state) applyEvent(ev *registrarv1.EndpointEvent) {
 // them (all == true, a FULL_SNAPSHOT of an all-services stream) or those of
 // services that are still wanted. Diffing through recompute is what turns a
 // snapshot after a reconnect into exactly the changes the client missed.
-func (s *state) replace(eps []*registryv1.ServiceEndpoint, services []string, all bool) {
+func (s *state) replace(eps []*registryv1.ServiceEndpoint, services []string, all bool, now time.Time) {
 	ids := map[registry.EndpointID]struct{}{}
 	var scope map[string]struct{}
 	if all {
@@ -253,7 +253,6 @@ func (s *state) replace(eps []*registryv1.ServiceEndpoint, services []string, al
 			ids[id] = struct{}{}
 		}
 	}
-	now := time.Now()
 	for _, id := range sortedIDs(ids) {
 		s.reconcile(id, now, false)
 		s.recompute(id)

@@ -330,14 +330,19 @@ func (c *Client) enqueue(id registry.EndpointID, op opKind, ep *registryv1.Servi
 	if c.ctx.Err() != nil {
 		return ErrClosed
 	}
-	c.st.intend(id, op, ep)
-	c.st.recompute(id)
+	c.st.enqueue(id, op, ep)
 	c.commitLocked()
 	select {
 	case c.writeKick <- struct{}{}:
 	default:
 	}
 	return nil
+}
+
+// enqueue records an intent and shows it in the cache at once.
+func (s *state) enqueue(id registry.EndpointID, op opKind, ep *registryv1.ServiceEndpoint) {
+	s.intend(id, op, ep)
+	s.recompute(id)
 }
 
 // writeReq is what the writer sends: a copy of one intent.
@@ -391,16 +396,9 @@ func (c *Client) runWriter(ctx context.Context) {
 func (c *Client) nextWrite(ctx context.Context) (writeReq, bool) {
 	for {
 		c.mu.Lock()
-		for len(c.st.queue) > 0 {
-			id := c.st.queue[0]
-			c.st.queue = c.st.queue[1:]
-			w := c.st.writes[id]
-			if w == nil || w.state != writeQueued {
-				continue // defensive: the queue only holds queued writes
-			}
-			w.state = writeInflight
+		if req, ok := c.st.nextReq(); ok {
 			c.mu.Unlock()
-			return writeReq{id: id, op: w.op, ep: w.ep, gen: w.gen, owner: w.owner}, true
+			return req, true
 		}
 		due := c.st.nextSettle()
 		if t := c.st.nextDue(); !t.IsZero() && (due.IsZero() || t.Before(due)) {
@@ -419,9 +417,7 @@ func (c *Client) nextWrite(ctx context.Context) (writeReq, bool) {
 		case <-c.writeKick:
 		case <-timeout:
 			c.mu.Lock()
-			now := time.Now()
-			c.st.settle(now)
-			c.st.fireDue(now)
+			c.st.tick(time.Now())
 			c.commitLocked()
 			c.mu.Unlock()
 		}
@@ -432,6 +428,29 @@ func (c *Client) nextWrite(ctx context.Context) (writeReq, bool) {
 			return writeReq{}, false
 		}
 	}
+}
+
+// nextReq takes the head of the queue and marks it in flight.
+func (s *state) nextReq() (writeReq, bool) {
+	for len(s.queue) > 0 {
+		id := s.queue[0]
+		s.queue = s.queue[1:]
+		w := s.writes[id]
+		if w == nil || w.state != writeQueued {
+			continue // defensive: the queue only holds queued writes
+		}
+		w.state = writeInflight
+		return writeReq{id: id, op: w.op, ep: w.ep, gen: w.gen, owner: w.owner}, true
+	}
+	return writeReq{}, false
+}
+
+// tick is the writer's timer going off at now: acknowledged writes whose
+// settle timeout passed leave the overlay, and re-assertions whose backoff
+// is over are queued.
+func (s *state) tick(now time.Time) {
+	s.settle(now)
+	s.fireDue(now)
 }
 
 // sendWrite performs one write RPC against the current registrar and returns
@@ -485,27 +504,77 @@ func permanentWrite(err error, op opKind) bool {
 // finishWrite records the outcome of an RPC and reports whether to back off
 // and retry.
 func (c *Client) finishWrite(req writeReq, at registry.Position, stored *registryv1.ServiceEndpoint, err error) (retry bool) {
-	code := status.Code(err)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.st
+	reassert := c.st.writes[req.id].reassert // in flight, so present; a drop deletes it
+	out := c.st.finish(req, at, stored, err, time.Now())
+	switch out {
+	case writeRedrain:
+		c.log.Info("drain of an endpoint the registrar does not hold; registering it again as DRAINING", "endpoint", req.id)
+	case writeDropped:
+		c.metrics.dropped.Inc()
+		c.log.Error("write rejected by the registrar; dropped", "op", req.op, "endpoint", req.id, "code", status.Code(err), "err", err, "reassertion", reassert)
+	}
+	c.commitLocked()
+	if out != writeRetry {
+		close(c.acked)
+		c.acked = make(chan struct{})
+	}
+	return out == writeRetry
+}
+
+// writeOutcome is what became of a write RPC's answer.
+type writeOutcome int
+
+const (
+	writeAcknowledged writeOutcome = iota + 1 // acknowledged; in the overlay until it settles
+	writeSuperseded                           // a newer intent arrived during the RPC: queued again at the front
+	writeRedrain                              // a drain of an owned endpoint the registrar lost: registered again DRAINING
+	writeDropped                              // rejected for good: dropped, and the endpoint no longer owned
+	writeRetry                                // not acknowledged: queued again at the front, to be retried after a backoff
+)
+
+func (o writeOutcome) String() string {
+	switch o {
+	case writeAcknowledged:
+		return "acknowledged"
+	case writeSuperseded:
+		return "superseded"
+	case writeRedrain:
+		return "redrain"
+	case writeDropped:
+		return "dropped"
+	case writeRetry:
+		return "retry"
+	}
+	return "none"
+}
+
+// finish records the answer to the RPC of req at now: at is the position the
+// registrar gave the write and stored its copy of the endpoint (when err is
+// nil). Acknowledged writes the stream has already caught up with settle.
+func (s *state) finish(req writeReq, at registry.Position, stored *registryv1.ServiceEndpoint, err error, now time.Time) (out writeOutcome) {
+	code := status.Code(err)
 	w := s.writes[req.id] // in flight, so nothing else removed it
 	current := w.gen == req.gen
 	switch {
 	case err == nil || (code == codes.NotFound && req.op == opUnregister):
 		if !current {
 			s.requeueFront(w) // a newer intent arrived meanwhile
+			out = writeSuperseded
 			break
 		}
-		w.state, w.ackedAt, w.ackAt = writeAcked, time.Now(), at
+		w.state, w.ackedAt, w.ackAt = writeAcked, now, at
 		if stored != nil && registry.SameAttributes(stored, w.ep) {
 			w.ep = stored // the registrar's copy carries the timestamps
 		}
 		s.acknowledged(w)
 		s.recompute(req.id)
+		out = writeAcknowledged
 	case permanentWrite(err, req.op):
 		if !current {
 			s.requeueFront(w)
+			out = writeSuperseded
 			break
 		}
 		delete(s.writes, req.id)
@@ -513,23 +582,17 @@ func (c *Client) finishWrite(req writeReq, at registry.Position, stored *registr
 			// The registrar lost an endpoint the client owns and is
 			// draining: the intent is DRAINING, and reconcile registers it
 			// so.
-			c.log.Info("drain of an endpoint the registrar does not hold; registering it again as DRAINING", "endpoint", req.id)
+			out = writeRedrain
 		} else {
 			delete(s.owned, req.id)
-			c.metrics.dropped.Inc()
-			c.log.Error("write rejected by the registrar; dropped", "op", req.op, "endpoint", req.id, "code", code, "err", err, "reassertion", w.reassert)
+			out = writeDropped
 		}
-		s.reconcile(req.id, time.Now(), false)
+		s.reconcile(req.id, now, false)
 		s.recompute(req.id)
 	default:
 		s.requeueFront(w)
-		retry = true
+		out = writeRetry
 	}
-	s.settle(time.Now())
-	c.commitLocked()
-	if !retry {
-		close(c.acked)
-		c.acked = make(chan struct{})
-	}
-	return retry
+	s.settle(now)
+	return out
 }
