@@ -141,7 +141,7 @@ func TestRefusedResumeTokenFallsBackToSnapshot(t *testing.T) {
 	proxy.Cut()
 	waitFor(t, "client disconnected", 5*time.Second, func() bool { return !c.Connected() })
 	c.mu.Lock()
-	c.st.setVersion("not a version token")
+	c.st.version = "not a version token"
 	c.mu.Unlock()
 	register(t, ca, ep("web", "10.0.0.2", 80))
 	proxy.Heal()

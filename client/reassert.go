@@ -164,7 +164,7 @@ func (s *state) resendLost(now time.Time) {
 	for id := range s.resend {
 		delete(s.resend, id)
 		w := s.writes[id]
-		if w == nil || w.state != writeAcked || (w.ackEpoch != "" && w.ackEpoch == s.epoch) || s.authMatches(w) {
+		if w == nil || w.state != writeAcked || s.sameIncarnation(w) || s.authMatches(w) {
 			continue
 		}
 		if w.op == opRegister {

@@ -293,7 +293,7 @@ func TestRepeatedReassertionBacksOff(t *testing.T) {
 
 	s.reconcile(i, t0, false) // the registrar lacks it
 	ack()
-	s.applyEvent(removed) // lost again at once
+	s.applyEvent(removed, time.Now()) // lost again at once
 	if s.writes[i] != nil || s.due[i].IsZero() {
 		t.Fatalf("a second re-assertion within the quiet period went out at once (due %v)", s.due[i])
 	}
@@ -308,7 +308,7 @@ func TestRepeatedReassertionBacksOff(t *testing.T) {
 	if !slices.Equal(attempts, []int{0}) {
 		t.Fatalf("backoff attempts %v, want [0]", attempts)
 	}
-	s.applyEvent(removed)
+	s.applyEvent(removed, time.Now())
 	s.fireDue(s.due[i])
 	ack()
 	if !slices.Equal(attempts, []int{0, 1}) {
@@ -316,7 +316,7 @@ func TestRepeatedReassertionBacksOff(t *testing.T) {
 	}
 	// After the quiet period: at once.
 	s.owned[i].last = t0.Add(-time.Hour)
-	s.applyEvent(removed)
+	s.applyEvent(removed, time.Now())
 	ack()
 	if len(s.due) != 0 || len(attempts) != 2 {
 		t.Fatalf("after the quiet period: due %v, attempts %v", s.due, attempts)

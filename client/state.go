@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -55,9 +54,13 @@ type state struct {
 	reassertDelay func(attempt int) time.Duration // backoff of repeated re-assertions of one endpoint
 	reassertQuiet time.Duration                   // without re-assertion this long, an endpoint's backoff starts over
 
-	version string // last resume token the stream delivered
-	epoch   string // version parsed, when it parses
-	seq     uint64
+	// version is the last resume token the stream delivered, passed back
+	// as it came; at is its position, taken from the messages' epoch and
+	// sequence fields, never from the token, which the API calls opaque.
+	// The two are kept together, so a stream that resumes from version
+	// starts in at's epoch.
+	version string
+	at      registry.Position
 
 	trackChanges  bool // OnChange is set
 	changes       []Change
@@ -167,10 +170,10 @@ func (s *state) change(t ChangeType, ep, prev *registryv1.ServiceEndpoint) {
 	}
 }
 
-// applyEvent folds one ADDED/UPDATED/REMOVED event in. Events of services
-// the cache does not hold are ignored: they are in flight from before an
-// Unsubscribe took effect on the registrar.
-func (s *state) applyEvent(ev *registrarv1.EndpointEvent) {
+// applyEvent folds one ADDED/UPDATED/REMOVED event in, at now. Events of
+// services the cache does not hold are ignored: they are in flight from
+// before an Unsubscribe took effect on the registrar.
+func (s *state) applyEvent(ev *registrarv1.EndpointEvent, now time.Time) {
 	ep := ev.GetEndpoint()
 	if ep == nil {
 		return
@@ -184,7 +187,7 @@ func (s *state) applyEvent(ev *registrarv1.EndpointEvent) {
 	} else {
 		s.setAuth(id, ep)
 	}
-	s.reconcile(id, time.Now(), false)
+	s.reconcile(id, now, false)
 	s.recompute(id)
 }
 
@@ -192,7 +195,7 @@ func (s *state) applyEvent(ev *registrarv1.EndpointEvent) {
 // them (all == true, a FULL_SNAPSHOT of an all-services stream) or those of
 // services that are still wanted. Diffing through recompute is what turns a
 // snapshot after a reconnect into exactly the changes the client missed.
-func (s *state) replace(eps []*registryv1.ServiceEndpoint, services []string, all bool) {
+func (s *state) replace(eps []*registryv1.ServiceEndpoint, services []string, all bool, now time.Time) {
 	ids := map[registry.EndpointID]struct{}{}
 	var scope map[string]struct{}
 	if all {
@@ -250,7 +253,6 @@ func (s *state) replace(eps []*registryv1.ServiceEndpoint, services []string, al
 			ids[id] = struct{}{}
 		}
 	}
-	now := time.Now()
 	for _, id := range sortedIDs(ids) {
 		s.reconcile(id, now, false)
 		s.recompute(id)
@@ -290,33 +292,35 @@ func (s *state) subscribe(services []string) {
 	}
 }
 
-// setVersion records the resume token of a message the client applied.
-func (s *state) setVersion(v string) {
-	if v == "" {
+// setVersion records the resume token and position of a message the client
+// applied. Snapshots and bookmarks name their epoch; a change event does not,
+// as a registrar never changes epoch within a stream: its epoch is the
+// stream's, already in s.at from the stream's first snapshot or stored with
+// the token the stream resumed from. A registrar that predates the epoch
+// field sends none, and its positions then compare with nothing (see
+// sameIncarnation).
+func (s *state) setVersion(ev *registrarv1.EndpointEvent) {
+	if ev.GetVersion() == "" {
 		return
 	}
-	s.version = v
-	s.epoch, s.seq, _ = parseToken(v)
+	s.version = ev.GetVersion()
+	switch ev.GetType() {
+	case registrarv1.EndpointEvent_FULL_SNAPSHOT, registrarv1.EndpointEvent_SERVICES_SNAPSHOT, registrarv1.EndpointEvent_PROGRESS:
+		s.at.Epoch = ev.GetEpoch()
+	}
+	s.at.Seq = ev.GetSequence()
 }
 
 // forgetVersion drops the resume token: the next stream starts with a
 // snapshot.
-func (s *state) forgetVersion() { s.version, s.epoch, s.seq = "", "", 0 }
+func (s *state) forgetVersion() { s.version, s.at = "", registry.Position{} }
 
-// parseToken splits a version token "<epoch>:<sequence>". The proto calls
-// tokens opaque; the client reads them only to tell when the stream has
-// caught up with a write the same registrar acknowledged, and treats a token
-// it cannot parse as never comparable.
-func parseToken(v string) (epoch string, seq uint64, ok bool) {
-	i := strings.LastIndexByte(v, ':')
-	if i <= 0 {
-		return "", 0, false
-	}
-	n, err := strconv.ParseUint(v[i+1:], 10, 64)
-	if err != nil {
-		return "", 0, false
-	}
-	return v[:i], n, true
+// sameIncarnation reports whether an acknowledged write and the stream are
+// positions in one registrar incarnation's history, so that the stream's
+// sequence says whether it has delivered the write. An ack without an epoch
+// (an older registrar) compares with nothing.
+func (s *state) sameIncarnation(w *write) bool {
+	return w.ackAt.Epoch != "" && w.ackAt.Epoch == s.at.Epoch
 }
 
 // startRequest builds the first message of a new stream. It resumes from the

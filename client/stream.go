@@ -215,16 +215,53 @@ func (c *Client) updateSubscriptions(stream subscribeStream, sess *session) erro
 
 // apply folds a batch of stream messages into the cache and publishes once.
 func (c *Client) apply(sess *session, addr string, batch []*registrarv1.EndpointEvent) {
-	becameSynced := false
 	c.mu.Lock()
-	s := c.st
+	r := c.st.applyStream(sess, batch, time.Now())
+	c.commitLocked()
+	c.mu.Unlock()
+	for _, d := range r.discarded {
+		c.log.Warn("snapshot chunks interleaved; discarding the partial one", "addr", addr, "partial", d[0], "new", d[1])
+	}
+	for _, t := range r.unknown {
+		c.log.Debug("ignoring an event type this client does not know", "type", t, "addr", addr)
+	}
+	c.stats.fullSnapshots.Add(int64(r.fullSnapshots))
+	if r.resumed {
+		c.stats.resumes.Add(1)
+	}
+	if r.becameSynced {
+		c.log.Debug("registrar stream synced", "addr", addr, "version", c.version())
+		c.markSynced()
+	}
+}
+
+// streamResult is what a batch of stream messages did that the Client
+// reports (logs, counters, the synced signal); the state change itself is
+// done by applyStream.
+type streamResult struct {
+	fullSnapshots int  // complete FULL_SNAPSHOTs applied
+	becameSynced  bool // the stream synced in this batch
+	resumed       bool // it synced by the bookmark after a resume, not by a snapshot
+	// discarded: a partial snapshot of type [0] dropped when a chunk of
+	// type [1] arrived.
+	discarded [][2]registrarv1.EndpointEvent_EventType
+	unknown   []registrarv1.EndpointEvent_EventType // event types this client does not know, ignored
+}
+
+// applyStream folds a batch of one stream's messages into the state at now:
+// snapshot chunks are gathered in sess until the last one, each message's
+// position is recorded once applied, and acknowledged writes the batch
+// caught up with settle. It does no I/O, so the stream's rules can be driven
+// message by message.
+func (s *state) applyStream(sess *session, batch []*registrarv1.EndpointEvent, now time.Time) streamResult {
+	var r streamResult
 	for _, ev := range batch {
 		switch t := ev.GetType(); t {
 		case registrarv1.EndpointEvent_FULL_SNAPSHOT, registrarv1.EndpointEvent_SERVICES_SNAPSHOT:
 			if sess.snapOpen && sess.snapType != t {
 				// The registrar never interleaves snapshots; if one did,
 				// the partial one is unusable.
-				c.log.Warn("snapshot chunks interleaved; discarding the partial one", "addr", addr, "partial", sess.snapType, "new", t)
+				r.discarded = append(r.discarded, [2]registrarv1.EndpointEvent_EventType{sess.snapType, t})
 				sess.snapBuf = nil
 			}
 			if !sess.snapOpen || sess.snapType != t {
@@ -235,37 +272,31 @@ func (c *Client) apply(sess *session, addr string, batch []*registrarv1.Endpoint
 				continue
 			}
 			if t == registrarv1.EndpointEvent_FULL_SNAPSHOT {
-				s.replace(sess.snapBuf, sess.covered, s.all)
-				c.stats.fullSnapshots.Add(1)
+				s.replace(sess.snapBuf, sess.covered, s.all, now)
+				r.fullSnapshots++
 				if !sess.synced {
-					sess.synced, becameSynced = true, true
+					sess.synced, r.becameSynced = true, true
 				}
 			} else {
-				s.replace(sess.snapBuf, sess.snapServices, false)
+				s.replace(sess.snapBuf, sess.snapServices, false, now)
 			}
 			sess.snapBuf, sess.snapServices, sess.snapOpen = nil, nil, false
-			s.setVersion(ev.GetVersion())
+			s.setVersion(ev)
 		case registrarv1.EndpointEvent_ENDPOINT_ADDED, registrarv1.EndpointEvent_ENDPOINT_UPDATED, registrarv1.EndpointEvent_ENDPOINT_REMOVED:
-			s.applyEvent(ev)
-			s.setVersion(ev.GetVersion())
+			s.applyEvent(ev, now)
+			s.setVersion(ev)
 		case registrarv1.EndpointEvent_PROGRESS:
-			s.setVersion(ev.GetVersion())
+			s.setVersion(ev)
 			if !sess.synced {
 				// The bookmark after a resume's missed events.
-				sess.synced, becameSynced = true, true
-				c.stats.resumes.Add(1)
+				sess.synced, r.becameSynced, r.resumed = true, true, true
 			}
 		default:
-			c.log.Debug("ignoring an event type this client does not know", "type", t, "addr", addr)
+			r.unknown = append(r.unknown, t)
 		}
 	}
-	s.settle(time.Now())
-	c.commitLocked()
-	c.mu.Unlock()
-	if becameSynced {
-		c.log.Debug("registrar stream synced", "addr", addr, "version", c.version())
-		c.markSynced()
-	}
+	s.settle(now)
+	return r
 }
 
 // version is the last resume token the stream delivered.

@@ -61,9 +61,11 @@ type write struct {
 	state writeState
 	since uint64 // state.writeSeq when it last became unacknowledged
 
-	ackedAt  time.Time
-	ackEpoch string // "" when the ack carried no comparable version
-	ackSeq   uint64
+	ackedAt time.Time
+	// ackAt is the position of the event the write produced, as the
+	// acknowledging registrar named it; no epoch when it named none, and
+	// then it compares with no stream (sameIncarnation).
+	ackAt registry.Position
 
 	// reassert marks a register the client sent on its own to restore an
 	// owned endpoint (reassert.go), not a caller's intent: its
@@ -178,8 +180,8 @@ func (s *state) settle(now time.Time) {
 			continue
 		}
 		var caughtUp bool
-		if w.ackEpoch != "" && w.ackEpoch == s.epoch {
-			caughtUp = s.seq >= w.ackSeq
+		if s.sameIncarnation(w) {
+			caughtUp = s.at.Seq >= w.ackAt.Seq
 		} else {
 			caughtUp = s.authMatches(w)
 		}
@@ -328,14 +330,19 @@ func (c *Client) enqueue(id registry.EndpointID, op opKind, ep *registryv1.Servi
 	if c.ctx.Err() != nil {
 		return ErrClosed
 	}
-	c.st.intend(id, op, ep)
-	c.st.recompute(id)
+	c.st.enqueue(id, op, ep)
 	c.commitLocked()
 	select {
 	case c.writeKick <- struct{}{}:
 	default:
 	}
 	return nil
+}
+
+// enqueue records an intent and shows it in the cache at once.
+func (s *state) enqueue(id registry.EndpointID, op opKind, ep *registryv1.ServiceEndpoint) {
+	s.intend(id, op, ep)
+	s.recompute(id)
 }
 
 // writeReq is what the writer sends: a copy of one intent.
@@ -358,11 +365,11 @@ func (c *Client) runWriter(ctx context.Context) {
 		if !ok {
 			return
 		}
-		ver, stored, err := c.sendWrite(ctx, req)
+		at, stored, err := c.sendWrite(ctx, req)
 		if ctx.Err() != nil {
 			return // closing: the write stays unacknowledged and Close reports it
 		}
-		if !c.finishWrite(req, ver, stored, err) {
+		if !c.finishWrite(req, at, stored, err) {
 			attempt = 0
 			continue
 		}
@@ -389,16 +396,9 @@ func (c *Client) runWriter(ctx context.Context) {
 func (c *Client) nextWrite(ctx context.Context) (writeReq, bool) {
 	for {
 		c.mu.Lock()
-		for len(c.st.queue) > 0 {
-			id := c.st.queue[0]
-			c.st.queue = c.st.queue[1:]
-			w := c.st.writes[id]
-			if w == nil || w.state != writeQueued {
-				continue // defensive: the queue only holds queued writes
-			}
-			w.state = writeInflight
+		if req, ok := c.st.nextReq(); ok {
 			c.mu.Unlock()
-			return writeReq{id: id, op: w.op, ep: w.ep, gen: w.gen, owner: w.owner}, true
+			return req, true
 		}
 		due := c.st.nextSettle()
 		if t := c.st.nextDue(); !t.IsZero() && (due.IsZero() || t.Before(due)) {
@@ -417,9 +417,7 @@ func (c *Client) nextWrite(ctx context.Context) (writeReq, bool) {
 		case <-c.writeKick:
 		case <-timeout:
 			c.mu.Lock()
-			now := time.Now()
-			c.st.settle(now)
-			c.st.fireDue(now)
+			c.st.tick(time.Now())
 			c.commitLocked()
 			c.mu.Unlock()
 		}
@@ -432,8 +430,35 @@ func (c *Client) nextWrite(ctx context.Context) (writeReq, bool) {
 	}
 }
 
-// sendWrite performs one write RPC against the current registrar.
-func (c *Client) sendWrite(ctx context.Context, req writeReq) (version string, stored *registryv1.ServiceEndpoint, err error) {
+// nextReq takes the head of the queue and marks it in flight.
+func (s *state) nextReq() (writeReq, bool) {
+	for len(s.queue) > 0 {
+		id := s.queue[0]
+		s.queue = s.queue[1:]
+		w := s.writes[id]
+		if w == nil || w.state != writeQueued {
+			continue // defensive: the queue only holds queued writes
+		}
+		w.state = writeInflight
+		return writeReq{id: id, op: w.op, ep: w.ep, gen: w.gen, owner: w.owner}, true
+	}
+	return writeReq{}, false
+}
+
+// tick is the writer's timer going off at now: acknowledged writes whose
+// settle timeout passed leave the overlay, and re-assertions whose backoff
+// is over are queued.
+func (s *state) tick(now time.Time) {
+	s.settle(now)
+	s.fireDue(now)
+}
+
+// sendWrite performs one write RPC against the current registrar and returns
+// the position the registrar gave the write. Unregister and Drain name the
+// endpoint twice, by reference and by the flat fields: a registrar that
+// predates EndpointRef reads only the flat ones, a newer one checks that the
+// two agree.
+func (c *Client) sendWrite(ctx context.Context, req writeReq) (at registry.Position, stored *registryv1.ServiceEndpoint, err error) {
 	idx := c.current()
 	rpc := c.rpc[idx]
 	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
@@ -442,28 +467,30 @@ func (c *Client) sendWrite(ctx context.Context, req writeReq) (version string, s
 	case opRegister:
 		var resp *registrarv1.RegisterEndpointResponse
 		if resp, err = rpc.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: req.ep}); err == nil {
-			version, stored = resp.GetVersion(), resp.GetEndpoint()
+			at, stored = registry.Position{Epoch: resp.GetEpoch(), Seq: resp.GetSequence()}, resp.GetEndpoint()
 		}
 	case opUnregister:
 		var resp *registrarv1.UnregisterEndpointResponse
 		if resp, err = rpc.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{
-			Service: req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
+			Endpoint: req.id.Ref(),
+			Service:  req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
 			OwnerNode: req.owner,
 		}); err == nil {
-			version = resp.GetVersion()
+			at = registry.Position{Epoch: resp.GetEpoch(), Seq: resp.GetSequence()}
 		}
 	case opDrain:
 		var resp *registrarv1.DrainEndpointResponse
 		if resp, err = rpc.DrainEndpoint(ctx, &registrarv1.DrainEndpointRequest{
-			Service: req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
+			Endpoint: req.id.Ref(),
+			Service:  req.id.Service, Protocol: req.id.Protocol, Ip: req.id.IP, Cluster: req.id.Cluster, Region: req.id.Region,
 		}); err == nil {
-			version = resp.GetVersion()
+			at = registry.Position{Epoch: resp.GetEpoch(), Seq: resp.GetSequence()}
 		}
 	}
 	if err != nil {
 		err = fmt.Errorf("%s %s at %s: %w", req.op, req.id, c.cfg.Addrs[idx], err)
 	}
-	return version, stored, err
+	return at, stored, err
 }
 
 // permanentWrite reports whether a registrar's answer means that retrying
@@ -476,31 +503,78 @@ func permanentWrite(err error, op opKind) bool {
 
 // finishWrite records the outcome of an RPC and reports whether to back off
 // and retry.
-func (c *Client) finishWrite(req writeReq, ver string, stored *registryv1.ServiceEndpoint, err error) (retry bool) {
-	code := status.Code(err)
+func (c *Client) finishWrite(req writeReq, at registry.Position, stored *registryv1.ServiceEndpoint, err error) (retry bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.st
+	reassert := c.st.writes[req.id].reassert // in flight, so present; a drop deletes it
+	out := c.st.finish(req, at, stored, err, time.Now())
+	switch out {
+	case writeRedrain:
+		c.log.Info("drain of an endpoint the registrar does not hold; registering it again as DRAINING", "endpoint", req.id)
+	case writeDropped:
+		c.metrics.dropped.Inc()
+		c.log.Error("write rejected by the registrar; dropped", "op", req.op, "endpoint", req.id, "code", status.Code(err), "err", err, "reassertion", reassert)
+	}
+	c.commitLocked()
+	if out != writeRetry {
+		close(c.acked)
+		c.acked = make(chan struct{})
+	}
+	return out == writeRetry
+}
+
+// writeOutcome is what became of a write RPC's answer.
+type writeOutcome int
+
+const (
+	writeAcknowledged writeOutcome = iota + 1 // acknowledged; in the overlay until it settles
+	writeSuperseded                           // a newer intent arrived during the RPC: queued again at the front
+	writeRedrain                              // a drain of an owned endpoint the registrar lost: registered again DRAINING
+	writeDropped                              // rejected for good: dropped, and the endpoint no longer owned
+	writeRetry                                // not acknowledged: queued again at the front, to be retried after a backoff
+)
+
+func (o writeOutcome) String() string {
+	switch o {
+	case writeAcknowledged:
+		return "acknowledged"
+	case writeSuperseded:
+		return "superseded"
+	case writeRedrain:
+		return "redrain"
+	case writeDropped:
+		return "dropped"
+	case writeRetry:
+		return "retry"
+	}
+	return "none"
+}
+
+// finish records the answer to the RPC of req at now: at is the position the
+// registrar gave the write and stored its copy of the endpoint (when err is
+// nil). Acknowledged writes the stream has already caught up with settle.
+func (s *state) finish(req writeReq, at registry.Position, stored *registryv1.ServiceEndpoint, err error, now time.Time) (out writeOutcome) {
+	code := status.Code(err)
 	w := s.writes[req.id] // in flight, so nothing else removed it
 	current := w.gen == req.gen
 	switch {
 	case err == nil || (code == codes.NotFound && req.op == opUnregister):
 		if !current {
 			s.requeueFront(w) // a newer intent arrived meanwhile
+			out = writeSuperseded
 			break
 		}
-		w.state, w.ackedAt = writeAcked, time.Now()
-		if e, n, ok := parseToken(ver); ok {
-			w.ackEpoch, w.ackSeq = e, n
-		}
+		w.state, w.ackedAt, w.ackAt = writeAcked, now, at
 		if stored != nil && registry.SameAttributes(stored, w.ep) {
 			w.ep = stored // the registrar's copy carries the timestamps
 		}
 		s.acknowledged(w)
 		s.recompute(req.id)
+		out = writeAcknowledged
 	case permanentWrite(err, req.op):
 		if !current {
 			s.requeueFront(w)
+			out = writeSuperseded
 			break
 		}
 		delete(s.writes, req.id)
@@ -508,23 +582,17 @@ func (c *Client) finishWrite(req writeReq, ver string, stored *registryv1.Servic
 			// The registrar lost an endpoint the client owns and is
 			// draining: the intent is DRAINING, and reconcile registers it
 			// so.
-			c.log.Info("drain of an endpoint the registrar does not hold; registering it again as DRAINING", "endpoint", req.id)
+			out = writeRedrain
 		} else {
 			delete(s.owned, req.id)
-			c.metrics.dropped.Inc()
-			c.log.Error("write rejected by the registrar; dropped", "op", req.op, "endpoint", req.id, "code", code, "err", err, "reassertion", w.reassert)
+			out = writeDropped
 		}
-		s.reconcile(req.id, time.Now(), false)
+		s.reconcile(req.id, now, false)
 		s.recompute(req.id)
 	default:
 		s.requeueFront(w)
-		retry = true
+		out = writeRetry
 	}
-	s.settle(time.Now())
-	c.commitLocked()
-	if !retry {
-		close(c.acked)
-		c.acked = make(chan struct{})
-	}
-	return retry
+	s.settle(now)
+	return out
 }

@@ -19,7 +19,10 @@ with "aether deregister" (phase two).`,
 		Example: `  aether drain --service web --ip 10.0.0.1
   aether deregister --service web --ip 10.0.0.1`,
 	}, "drain", "draining", func(ctx context.Context, c registrarv1.RegistrarClient, id registry.EndpointID, wait bool) (string, bool, error) {
-		resp, err := c.DrainEndpoint(ctx, &registrarv1.DrainEndpointRequest{Service: id.Service, Protocol: id.Protocol, Ip: id.IP, WaitPersisted: wait})
+		// The reference for registrars that read it, the same identity in
+		// the flat fields for those that predate it; the two agree, which
+		// is what a newer registrar checks.
+		resp, err := c.DrainEndpoint(ctx, &registrarv1.DrainEndpointRequest{Endpoint: id.Ref(), Service: id.Service, Protocol: id.Protocol, Ip: id.IP, WaitPersisted: wait})
 		return resp.GetVersion(), resp.GetPersisted(), err
 	})
 }

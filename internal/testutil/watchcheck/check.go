@@ -9,6 +9,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registry"
 )
 
 // Property names a watch guarantee.
@@ -154,8 +155,14 @@ func checkStream(h *History, r *Recorder) []Violation {
 		return nil
 	}
 	for i, m := range msgs {
-		if want := fmt.Sprintf("%s:%d", h.Epoch, m.GetSequence()); m.GetVersion() != want {
+		if want := (registry.Position{Epoch: h.Epoch, Seq: m.GetSequence()}).String(); m.GetVersion() != want {
 			c.bad(Faithful, "message %d (%v) has version %q, want %q", i, m.GetType(), m.GetVersion(), want)
+		}
+		// The epoch field is what a client compares instead of parsing the
+		// token, so it must name the same incarnation. A registrar that
+		// predates it sends none.
+		if e := m.GetEpoch(); e != "" && e != h.Epoch {
+			c.bad(Faithful, "message %d (%v) names epoch %q, its stream is in %q", i, m.GetType(), e, h.Epoch)
 		}
 	}
 	var rest []*registrarv1.EndpointEvent

@@ -28,12 +28,15 @@ func change(typ registrarv1.EndpointEvent_EventType, seq uint64, e *registryv1.S
 	return &registrarv1.EndpointEvent{Type: typ, Sequence: seq, Version: ver(seq), Endpoint: e}
 }
 
+// snap and progress name their epoch, as a registrar does since the field
+// exists; the chunked stream of cleanStreams has a chunk without, as an
+// older registrar sends.
 func snap(seq uint64, eps ...*registryv1.ServiceEndpoint) *registrarv1.EndpointEvent {
-	return &registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_FULL_SNAPSHOT, Sequence: seq, Version: ver(seq), Endpoints: eps}
+	return &registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_FULL_SNAPSHOT, Sequence: seq, Version: ver(seq), Epoch: epoch, Endpoints: eps}
 }
 
 func progress(seq uint64) *registrarv1.EndpointEvent {
-	return &registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Sequence: seq, Version: ver(seq)}
+	return &registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Sequence: seq, Version: ver(seq), Epoch: epoch}
 }
 
 const (
@@ -224,6 +227,7 @@ func TestCorruptionsAreCaught(t *testing.T) {
 		{"event not in the history", rec("all", nil, "", insert(allStream(), 9, change(added, 10, db2))...), Faithful},
 		{"event differs from the history", rec("web", web, "", insert(without(webStream(), 2), 2, change(added, 6, web3))...), Faithful},
 		{"foreign epoch version", rec("all", nil, "", append(allStream(), &registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Sequence: 9, Version: "other:9"})...), Faithful},
+		{"foreign epoch field", rec("all", nil, "", append(allStream(), &registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Sequence: 9, Version: ver(9), Epoch: "other"})...), Faithful},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			expect(t, Check(history(), corrupt(tc.stream.Name, tc.stream)...), tc.stream.Name, tc.want)

@@ -19,6 +19,9 @@ var web3c = mkep("web", "10.0.0.3", "v3")
 
 func in1(m *registrarv1.EndpointEvent) *registrarv1.EndpointEvent {
 	m.Version = ver1(m.GetSequence())
+	if m.Epoch != "" {
+		m.Epoch = epoch1
+	}
 	return m
 }
 

@@ -21,12 +21,11 @@ package watchcheck
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	"github.com/aethermesh/aether/registry"
 )
 
 // Recorder keeps every message one watch stream received, in order, together
@@ -176,15 +175,17 @@ func (r *Recorder) recordFrom(stream interface {
 	}
 }
 
-// ParseVersion splits a version token "<epoch>:<sequence>".
+// ParseVersion splits a version token "<epoch>:<sequence>" with
+// registry.ParsePosition, the registrar's own parser, so a check reads tokens
+// exactly as the registrar does. Unlike a resume token, a token the checks
+// read names a position: the empty token is refused.
 func ParseVersion(v string) (epoch string, seq uint64, err error) {
-	e, s, ok := strings.Cut(v, ":")
-	if !ok || e == "" {
+	if v == "" {
 		return "", 0, fmt.Errorf("version %q is not <epoch>:<sequence>", v)
 	}
-	n, err := strconv.ParseUint(s, 10, 64)
+	p, err := registry.ParsePosition(v)
 	if err != nil {
-		return "", 0, fmt.Errorf("version %q: bad sequence: %v", v, err)
+		return "", 0, err
 	}
-	return e, n, nil
+	return p.Epoch, p.Seq, nil
 }
