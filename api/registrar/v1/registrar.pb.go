@@ -158,7 +158,14 @@ type RegisterEndpointResponse struct {
 	// write changed nothing.
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// The write is persisted in the backend (always with wait_persisted).
-	Persisted     bool `protobuf:"varint,3,opt,name=persisted,proto3" json:"persisted,omitempty"`
+	Persisted bool `protobuf:"varint,3,opt,name=persisted,proto3" json:"persisted,omitempty"`
+	// The position of the same event as `version`, as fields, so a client
+	// can compare positions without parsing a token the API calls opaque.
+	// epoch names this registrar's incarnation; sequence is the event's
+	// sequence number in it. Empty and 0 from a registrar that predates them:
+	// such an answer names no position the client can compare.
+	Epoch         string `protobuf:"bytes,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Sequence      uint64 `protobuf:"varint,5,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -214,6 +221,20 @@ func (x *RegisterEndpointResponse) GetPersisted() bool {
 	return false
 }
 
+func (x *RegisterEndpointResponse) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+func (x *RegisterEndpointResponse) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
 type UnregisterEndpointRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Service  string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
@@ -228,7 +249,13 @@ type UnregisterEndpointRequest struct {
 	// node. An endpoint bound to a live node is removed only for that node
 	// (its agent would register it again); anyone else gets
 	// FAILED_PRECONDITION until the node is gone.
-	OwnerNode     string `protobuf:"bytes,7,opt,name=owner_node,json=ownerNode,proto3" json:"owner_node,omitempty"`
+	OwnerNode string `protobuf:"bytes,7,opt,name=owner_node,json=ownerNode,proto3" json:"owner_node,omitempty"`
+	// The endpoint to act on. When set, it names the endpoint and the flat
+	// identity fields above (kept for older clients, which send only them)
+	// may be left empty; a client that also talks to older registrars sends
+	// both. A flat field that is set and disagrees with the same field of
+	// `endpoint` is INVALID_ARGUMENT: the request would name two endpoints.
+	Endpoint      *v1.EndpointRef `protobuf:"bytes,8,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -312,10 +339,21 @@ func (x *UnregisterEndpointRequest) GetOwnerNode() string {
 	return ""
 }
 
+func (x *UnregisterEndpointRequest) GetEndpoint() *v1.EndpointRef {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
+}
+
 type UnregisterEndpointResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Version       string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
-	Persisted     bool                   `protobuf:"varint,2,opt,name=persisted,proto3" json:"persisted,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Version of the event this write produced.
+	Version   string `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
+	Persisted bool   `protobuf:"varint,2,opt,name=persisted,proto3" json:"persisted,omitempty"`
+	// As RegisterEndpointResponse.epoch and sequence.
+	Epoch         string `protobuf:"bytes,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Sequence      uint64 `protobuf:"varint,4,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -362,6 +400,20 @@ func (x *UnregisterEndpointResponse) GetPersisted() bool {
 		return x.Persisted
 	}
 	return false
+}
+
+func (x *UnregisterEndpointResponse) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+func (x *UnregisterEndpointResponse) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
 }
 
 type WatchEndpointsRequest struct {
@@ -453,7 +505,16 @@ type EndpointEvent struct {
 	Endpoints         []*v1.ServiceEndpoint `protobuf:"bytes,5,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	SnapshotContinues bool                  `protobuf:"varint,6,opt,name=snapshot_continues,json=snapshotContinues,proto3" json:"snapshot_continues,omitempty"`
 	// For SERVICES_SNAPSHOT: the services it covers.
-	Services      []string `protobuf:"bytes,7,rep,name=services,proto3" json:"services,omitempty"`
+	Services []string `protobuf:"bytes,7,rep,name=services,proto3" json:"services,omitempty"`
+	// The registrar incarnation `sequence` counts in, so a client can tell
+	// positions apart without parsing `version`. Set on every FULL_SNAPSHOT
+	// and SERVICES_SNAPSHOT chunk (as `version` is, so any chunk stands on its
+	// own) and on PROGRESS; empty on ADDED, UPDATED and REMOVED, whose epoch
+	// is the stream's. A stream's epoch is that of its first snapshot or, when
+	// it resumed without one, that of the token it resumed from: a registrar
+	// never changes epoch within a stream. Empty from a registrar that
+	// predates this field.
+	Epoch         string `protobuf:"bytes,8,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -535,6 +596,13 @@ func (x *EndpointEvent) GetServices() []string {
 		return x.Services
 	}
 	return nil
+}
+
+func (x *EndpointEvent) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
 }
 
 type ListAllEndpointsRequest struct {
@@ -645,6 +713,12 @@ type DrainEndpointRequest struct {
 	Region  string `protobuf:"bytes,5,opt,name=region,proto3" json:"region,omitempty"`
 	// As RegisterEndpointRequest.wait_persisted.
 	WaitPersisted bool `protobuf:"varint,6,opt,name=wait_persisted,json=waitPersisted,proto3" json:"wait_persisted,omitempty"`
+	// The endpoint to act on. When set, it names the endpoint and the flat
+	// identity fields above (kept for older clients, which send only them)
+	// may be left empty; a client that also talks to older registrars sends
+	// both. A flat field that is set and disagrees with the same field of
+	// `endpoint` is INVALID_ARGUMENT: the request would name two endpoints.
+	Endpoint      *v1.EndpointRef `protobuf:"bytes,7,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -721,11 +795,23 @@ func (x *DrainEndpointRequest) GetWaitPersisted() bool {
 	return false
 }
 
+func (x *DrainEndpointRequest) GetEndpoint() *v1.EndpointRef {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
+}
+
 type DrainEndpointResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Endpoint      *v1.ServiceEndpoint    `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	Version       string                 `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	Persisted     bool                   `protobuf:"varint,3,opt,name=persisted,proto3" json:"persisted,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint *v1.ServiceEndpoint    `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// Version of the event this write produced, or of the snapshot when the
+	// endpoint was already draining.
+	Version   string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	Persisted bool   `protobuf:"varint,3,opt,name=persisted,proto3" json:"persisted,omitempty"`
+	// As RegisterEndpointResponse.epoch and sequence.
+	Epoch         string `protobuf:"bytes,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Sequence      uint64 `protobuf:"varint,5,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -779,6 +865,20 @@ func (x *DrainEndpointResponse) GetPersisted() bool {
 		return x.Persisted
 	}
 	return false
+}
+
+func (x *DrainEndpointResponse) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+func (x *DrainEndpointResponse) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
 }
 
 type SubscribeRequest struct {
@@ -1618,11 +1718,13 @@ const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
 	"#aether/registrar/v1/registrar.proto\x12\x13aether.registrar.v1\x1a!aether/registry/v1/registry.proto\"\x81\x01\n" +
 	"\x17RegisterEndpointRequest\x12?\n" +
 	"\bendpoint\x18\x01 \x01(\v2#.aether.registry.v1.ServiceEndpointR\bendpoint\x12%\n" +
-	"\x0ewait_persisted\x18\x02 \x01(\bR\rwaitPersisted\"\x93\x01\n" +
+	"\x0ewait_persisted\x18\x02 \x01(\bR\rwaitPersisted\"\xc5\x01\n" +
 	"\x18RegisterEndpointResponse\x12?\n" +
 	"\bendpoint\x18\x01 \x01(\v2#.aether.registry.v1.ServiceEndpointR\bendpoint\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1c\n" +
-	"\tpersisted\x18\x03 \x01(\bR\tpersisted\"\xf7\x01\n" +
+	"\tpersisted\x18\x03 \x01(\bR\tpersisted\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\tR\x05epoch\x12\x1a\n" +
+	"\bsequence\x18\x05 \x01(\x04R\bsequence\"\xb4\x02\n" +
 	"\x19UnregisterEndpointRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x128\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x1c.aether.registry.v1.ProtocolR\bprotocol\x12\x0e\n" +
@@ -1631,15 +1733,18 @@ const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
 	"\x06region\x18\x05 \x01(\tR\x06region\x12%\n" +
 	"\x0ewait_persisted\x18\x06 \x01(\bR\rwaitPersisted\x12\x1d\n" +
 	"\n" +
-	"owner_node\x18\a \x01(\tR\townerNode\"T\n" +
+	"owner_node\x18\a \x01(\tR\townerNode\x12;\n" +
+	"\bendpoint\x18\b \x01(\v2\x1f.aether.registry.v1.EndpointRefR\bendpoint\"\x86\x01\n" +
 	"\x1aUnregisterEndpointResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x1c\n" +
-	"\tpersisted\x18\x02 \x01(\bR\tpersisted\"\x96\x01\n" +
+	"\tpersisted\x18\x02 \x01(\bR\tpersisted\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\tR\x05epoch\x12\x1a\n" +
+	"\bsequence\x18\x04 \x01(\x04R\bsequence\"\x96\x01\n" +
 	"\x15WatchEndpointsRequest\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x1b\n" +
 	"\tnode_name\x18\x02 \x01(\tR\bnodeName\x12!\n" +
 	"\flast_version\x18\x03 \x01(\tR\vlastVersion\x12\x1a\n" +
-	"\bservices\x18\x04 \x03(\tR\bservices\"\xdc\x03\n" +
+	"\bservices\x18\x04 \x03(\tR\bservices\"\xf2\x03\n" +
 	"\rEndpointEvent\x12@\n" +
 	"\x04type\x18\x01 \x01(\x0e2,.aether.registrar.v1.EndpointEvent.EventTypeR\x04type\x12?\n" +
 	"\bendpoint\x18\x02 \x01(\v2#.aether.registry.v1.ServiceEndpointR\bendpoint\x12\x18\n" +
@@ -1647,7 +1752,8 @@ const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
 	"\bsequence\x18\x04 \x01(\x04R\bsequence\x12A\n" +
 	"\tendpoints\x18\x05 \x03(\v2#.aether.registry.v1.ServiceEndpointR\tendpoints\x12-\n" +
 	"\x12snapshot_continues\x18\x06 \x01(\bR\x11snapshotContinues\x12\x1a\n" +
-	"\bservices\x18\a \x03(\tR\bservices\"\x83\x01\n" +
+	"\bservices\x18\a \x03(\tR\bservices\x12\x14\n" +
+	"\x05epoch\x18\b \x01(\tR\x05epoch\"\x83\x01\n" +
 	"\tEventType\x12\x11\n" +
 	"\rFULL_SNAPSHOT\x10\x00\x12\x12\n" +
 	"\x0eENDPOINT_ADDED\x10\x01\x12\x14\n" +
@@ -1659,18 +1765,21 @@ const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
 	"\bservices\x18\x01 \x03(\tR\bservices\"w\n" +
 	"\x18ListAllEndpointsResponse\x12A\n" +
 	"\tendpoints\x18\x01 \x03(\v2#.aether.registry.v1.ServiceEndpointR\tendpoints\x12\x18\n" +
-	"\aversion\x18\x02 \x01(\tR\aversion\"\xd3\x01\n" +
+	"\aversion\x18\x02 \x01(\tR\aversion\"\x90\x02\n" +
 	"\x14DrainEndpointRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x128\n" +
 	"\bprotocol\x18\x02 \x01(\x0e2\x1c.aether.registry.v1.ProtocolR\bprotocol\x12\x0e\n" +
 	"\x02ip\x18\x03 \x01(\tR\x02ip\x12\x18\n" +
 	"\acluster\x18\x04 \x01(\tR\acluster\x12\x16\n" +
 	"\x06region\x18\x05 \x01(\tR\x06region\x12%\n" +
-	"\x0ewait_persisted\x18\x06 \x01(\bR\rwaitPersisted\"\x90\x01\n" +
+	"\x0ewait_persisted\x18\x06 \x01(\bR\rwaitPersisted\x12;\n" +
+	"\bendpoint\x18\a \x01(\v2\x1f.aether.registry.v1.EndpointRefR\bendpoint\"\xc2\x01\n" +
 	"\x15DrainEndpointResponse\x12?\n" +
 	"\bendpoint\x18\x01 \x01(\v2#.aether.registry.v1.ServiceEndpointR\bendpoint\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1c\n" +
-	"\tpersisted\x18\x03 \x01(\bR\tpersisted\"\xa4\x01\n" +
+	"\tpersisted\x18\x03 \x01(\bR\tpersisted\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\tR\x05epoch\x12\x1a\n" +
+	"\bsequence\x18\x05 \x01(\x04R\bsequence\"\xa4\x01\n" +
 	"\x10SubscribeRequest\x12B\n" +
 	"\x05start\x18\x01 \x01(\v2*.aether.registrar.v1.WatchEndpointsRequestH\x00R\x05start\x12A\n" +
 	"\x06update\x18\x02 \x01(\v2'.aether.registrar.v1.SubscriptionUpdateH\x00R\x06updateB\t\n" +
@@ -1782,52 +1891,55 @@ var file_aether_registrar_v1_registrar_proto_goTypes = []any{
 	(*PeerReplicationStatus)(nil),      // 24: aether.registrar.v1.PeerReplicationStatus
 	(*v1.ServiceEndpoint)(nil),         // 25: aether.registry.v1.ServiceEndpoint
 	(v1.Protocol)(0),                   // 26: aether.registry.v1.Protocol
-	(*v1.Node)(nil),                    // 27: aether.registry.v1.Node
+	(*v1.EndpointRef)(nil),             // 27: aether.registry.v1.EndpointRef
+	(*v1.Node)(nil),                    // 28: aether.registry.v1.Node
 }
 var file_aether_registrar_v1_registrar_proto_depIdxs = []int32{
 	25, // 0: aether.registrar.v1.RegisterEndpointRequest.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
 	25, // 1: aether.registrar.v1.RegisterEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
 	26, // 2: aether.registrar.v1.UnregisterEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
-	0,  // 3: aether.registrar.v1.EndpointEvent.type:type_name -> aether.registrar.v1.EndpointEvent.EventType
-	25, // 4: aether.registrar.v1.EndpointEvent.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	25, // 5: aether.registrar.v1.EndpointEvent.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
-	25, // 6: aether.registrar.v1.ListAllEndpointsResponse.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
-	26, // 7: aether.registrar.v1.DrainEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
-	25, // 8: aether.registrar.v1.DrainEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	5,  // 9: aether.registrar.v1.SubscribeRequest.start:type_name -> aether.registrar.v1.WatchEndpointsRequest
-	12, // 10: aether.registrar.v1.SubscribeRequest.update:type_name -> aether.registrar.v1.SubscriptionUpdate
-	27, // 11: aether.registrar.v1.AnnounceNodeRequest.node:type_name -> aether.registry.v1.Node
-	27, // 12: aether.registrar.v1.AnnounceNodeResponse.node:type_name -> aether.registry.v1.Node
-	21, // 13: aether.registrar.v1.ListNodesResponse.nodes:type_name -> aether.registrar.v1.NodeStatus
-	27, // 14: aether.registrar.v1.NodeStatus.node:type_name -> aether.registry.v1.Node
-	24, // 15: aether.registrar.v1.ReplicationStatusResponse.peers:type_name -> aether.registrar.v1.PeerReplicationStatus
-	1,  // 16: aether.registrar.v1.Registrar.RegisterEndpoint:input_type -> aether.registrar.v1.RegisterEndpointRequest
-	3,  // 17: aether.registrar.v1.Registrar.UnregisterEndpoint:input_type -> aether.registrar.v1.UnregisterEndpointRequest
-	5,  // 18: aether.registrar.v1.Registrar.WatchEndpoints:input_type -> aether.registrar.v1.WatchEndpointsRequest
-	7,  // 19: aether.registrar.v1.Registrar.ListAllEndpoints:input_type -> aether.registrar.v1.ListAllEndpointsRequest
-	9,  // 20: aether.registrar.v1.Registrar.DrainEndpoint:input_type -> aether.registrar.v1.DrainEndpointRequest
-	11, // 21: aether.registrar.v1.Registrar.Subscribe:input_type -> aether.registrar.v1.SubscribeRequest
-	13, // 22: aether.registrar.v1.Registrar.AnnounceNode:input_type -> aether.registrar.v1.AnnounceNodeRequest
-	15, // 23: aether.registrar.v1.Registrar.Heartbeat:input_type -> aether.registrar.v1.HeartbeatRequest
-	17, // 24: aether.registrar.v1.Registrar.LeaveNode:input_type -> aether.registrar.v1.LeaveNodeRequest
-	19, // 25: aether.registrar.v1.Registrar.ListNodes:input_type -> aether.registrar.v1.ListNodesRequest
-	22, // 26: aether.registrar.v1.Registrar.ReplicationStatus:input_type -> aether.registrar.v1.ReplicationStatusRequest
-	2,  // 27: aether.registrar.v1.Registrar.RegisterEndpoint:output_type -> aether.registrar.v1.RegisterEndpointResponse
-	4,  // 28: aether.registrar.v1.Registrar.UnregisterEndpoint:output_type -> aether.registrar.v1.UnregisterEndpointResponse
-	6,  // 29: aether.registrar.v1.Registrar.WatchEndpoints:output_type -> aether.registrar.v1.EndpointEvent
-	8,  // 30: aether.registrar.v1.Registrar.ListAllEndpoints:output_type -> aether.registrar.v1.ListAllEndpointsResponse
-	10, // 31: aether.registrar.v1.Registrar.DrainEndpoint:output_type -> aether.registrar.v1.DrainEndpointResponse
-	6,  // 32: aether.registrar.v1.Registrar.Subscribe:output_type -> aether.registrar.v1.EndpointEvent
-	14, // 33: aether.registrar.v1.Registrar.AnnounceNode:output_type -> aether.registrar.v1.AnnounceNodeResponse
-	16, // 34: aether.registrar.v1.Registrar.Heartbeat:output_type -> aether.registrar.v1.HeartbeatResponse
-	18, // 35: aether.registrar.v1.Registrar.LeaveNode:output_type -> aether.registrar.v1.LeaveNodeResponse
-	20, // 36: aether.registrar.v1.Registrar.ListNodes:output_type -> aether.registrar.v1.ListNodesResponse
-	23, // 37: aether.registrar.v1.Registrar.ReplicationStatus:output_type -> aether.registrar.v1.ReplicationStatusResponse
-	27, // [27:38] is the sub-list for method output_type
-	16, // [16:27] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	27, // 3: aether.registrar.v1.UnregisterEndpointRequest.endpoint:type_name -> aether.registry.v1.EndpointRef
+	0,  // 4: aether.registrar.v1.EndpointEvent.type:type_name -> aether.registrar.v1.EndpointEvent.EventType
+	25, // 5: aether.registrar.v1.EndpointEvent.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	25, // 6: aether.registrar.v1.EndpointEvent.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
+	25, // 7: aether.registrar.v1.ListAllEndpointsResponse.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
+	26, // 8: aether.registrar.v1.DrainEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
+	27, // 9: aether.registrar.v1.DrainEndpointRequest.endpoint:type_name -> aether.registry.v1.EndpointRef
+	25, // 10: aether.registrar.v1.DrainEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	5,  // 11: aether.registrar.v1.SubscribeRequest.start:type_name -> aether.registrar.v1.WatchEndpointsRequest
+	12, // 12: aether.registrar.v1.SubscribeRequest.update:type_name -> aether.registrar.v1.SubscriptionUpdate
+	28, // 13: aether.registrar.v1.AnnounceNodeRequest.node:type_name -> aether.registry.v1.Node
+	28, // 14: aether.registrar.v1.AnnounceNodeResponse.node:type_name -> aether.registry.v1.Node
+	21, // 15: aether.registrar.v1.ListNodesResponse.nodes:type_name -> aether.registrar.v1.NodeStatus
+	28, // 16: aether.registrar.v1.NodeStatus.node:type_name -> aether.registry.v1.Node
+	24, // 17: aether.registrar.v1.ReplicationStatusResponse.peers:type_name -> aether.registrar.v1.PeerReplicationStatus
+	1,  // 18: aether.registrar.v1.Registrar.RegisterEndpoint:input_type -> aether.registrar.v1.RegisterEndpointRequest
+	3,  // 19: aether.registrar.v1.Registrar.UnregisterEndpoint:input_type -> aether.registrar.v1.UnregisterEndpointRequest
+	5,  // 20: aether.registrar.v1.Registrar.WatchEndpoints:input_type -> aether.registrar.v1.WatchEndpointsRequest
+	7,  // 21: aether.registrar.v1.Registrar.ListAllEndpoints:input_type -> aether.registrar.v1.ListAllEndpointsRequest
+	9,  // 22: aether.registrar.v1.Registrar.DrainEndpoint:input_type -> aether.registrar.v1.DrainEndpointRequest
+	11, // 23: aether.registrar.v1.Registrar.Subscribe:input_type -> aether.registrar.v1.SubscribeRequest
+	13, // 24: aether.registrar.v1.Registrar.AnnounceNode:input_type -> aether.registrar.v1.AnnounceNodeRequest
+	15, // 25: aether.registrar.v1.Registrar.Heartbeat:input_type -> aether.registrar.v1.HeartbeatRequest
+	17, // 26: aether.registrar.v1.Registrar.LeaveNode:input_type -> aether.registrar.v1.LeaveNodeRequest
+	19, // 27: aether.registrar.v1.Registrar.ListNodes:input_type -> aether.registrar.v1.ListNodesRequest
+	22, // 28: aether.registrar.v1.Registrar.ReplicationStatus:input_type -> aether.registrar.v1.ReplicationStatusRequest
+	2,  // 29: aether.registrar.v1.Registrar.RegisterEndpoint:output_type -> aether.registrar.v1.RegisterEndpointResponse
+	4,  // 30: aether.registrar.v1.Registrar.UnregisterEndpoint:output_type -> aether.registrar.v1.UnregisterEndpointResponse
+	6,  // 31: aether.registrar.v1.Registrar.WatchEndpoints:output_type -> aether.registrar.v1.EndpointEvent
+	8,  // 32: aether.registrar.v1.Registrar.ListAllEndpoints:output_type -> aether.registrar.v1.ListAllEndpointsResponse
+	10, // 33: aether.registrar.v1.Registrar.DrainEndpoint:output_type -> aether.registrar.v1.DrainEndpointResponse
+	6,  // 34: aether.registrar.v1.Registrar.Subscribe:output_type -> aether.registrar.v1.EndpointEvent
+	14, // 35: aether.registrar.v1.Registrar.AnnounceNode:output_type -> aether.registrar.v1.AnnounceNodeResponse
+	16, // 36: aether.registrar.v1.Registrar.Heartbeat:output_type -> aether.registrar.v1.HeartbeatResponse
+	18, // 37: aether.registrar.v1.Registrar.LeaveNode:output_type -> aether.registrar.v1.LeaveNodeResponse
+	20, // 38: aether.registrar.v1.Registrar.ListNodes:output_type -> aether.registrar.v1.ListNodesResponse
+	23, // 39: aether.registrar.v1.Registrar.ReplicationStatus:output_type -> aether.registrar.v1.ReplicationStatusResponse
+	29, // [29:40] is the sub-list for method output_type
+	18, // [18:29] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_aether_registrar_v1_registrar_proto_init() }

@@ -406,6 +406,90 @@ func (x *ServiceEndpoint) GetStamp() *WriteStamp {
 	return nil
 }
 
+// EndpointRef names one endpoint by its identity, nothing else: the fields
+// that make its key. Requests that act on an existing endpoint (unregister,
+// drain) carry one, so every API names an endpoint the same way. The field
+// numbers are those of the flat identity fields that UnregisterEndpointRequest
+// and DrainEndpointRequest have always had, so the two layouts read alike.
+type EndpointRef struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Service  string                 `protobuf:"bytes,1,opt,name=service,proto3" json:"service,omitempty"`
+	Protocol Protocol               `protobuf:"varint,2,opt,name=protocol,proto3,enum=aether.registry.v1.Protocol" json:"protocol,omitempty"`
+	// IPv4 or IPv6 address; the registrar compares it in canonical text form.
+	Ip string `protobuf:"bytes,3,opt,name=ip,proto3" json:"ip,omitempty"`
+	// Origin. Either may be empty in a request: the registrar fills in its own,
+	// as for ServiceEndpoint on register.
+	Cluster       string `protobuf:"bytes,4,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Region        string `protobuf:"bytes,5,opt,name=region,proto3" json:"region,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndpointRef) Reset() {
+	*x = EndpointRef{}
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndpointRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndpointRef) ProtoMessage() {}
+
+func (x *EndpointRef) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndpointRef.ProtoReflect.Descriptor instead.
+func (*EndpointRef) Descriptor() ([]byte, []int) {
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *EndpointRef) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *EndpointRef) GetProtocol() Protocol {
+	if x != nil {
+		return x.Protocol
+	}
+	return Protocol_PROTOCOL_UNSPECIFIED
+}
+
+func (x *EndpointRef) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *EndpointRef) GetCluster() string {
+	if x != nil {
+		return x.Cluster
+	}
+	return ""
+}
+
+func (x *EndpointRef) GetRegion() string {
+	if x != nil {
+		return x.Region
+	}
+	return ""
+}
+
 // WriteStamp is the order of an acknowledged write: a hybrid logical clock
 // reading of the registrar that acknowledged it, then that registrar's
 // incarnation to break ties. Compare hlc first, then writer.
@@ -422,7 +506,7 @@ type WriteStamp struct {
 
 func (x *WriteStamp) Reset() {
 	*x = WriteStamp{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[2]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -434,7 +518,7 @@ func (x *WriteStamp) String() string {
 func (*WriteStamp) ProtoMessage() {}
 
 func (x *WriteStamp) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[2]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -447,7 +531,7 @@ func (x *WriteStamp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStamp.ProtoReflect.Descriptor instead.
 func (*WriteStamp) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{2}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *WriteStamp) GetHlc() uint64 {
@@ -477,7 +561,7 @@ type Tombstone struct {
 
 func (x *Tombstone) Reset() {
 	*x = Tombstone{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[3]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -489,7 +573,7 @@ func (x *Tombstone) String() string {
 func (*Tombstone) ProtoMessage() {}
 
 func (x *Tombstone) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[3]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -502,7 +586,7 @@ func (x *Tombstone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tombstone.ProtoReflect.Descriptor instead.
 func (*Tombstone) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{3}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Tombstone) GetStamp() *WriteStamp {
@@ -531,7 +615,7 @@ type HealthSummary struct {
 
 func (x *HealthSummary) Reset() {
 	*x = HealthSummary{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[4]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -543,7 +627,7 @@ func (x *HealthSummary) String() string {
 func (*HealthSummary) ProtoMessage() {}
 
 func (x *HealthSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[4]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -556,7 +640,7 @@ func (x *HealthSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthSummary.ProtoReflect.Descriptor instead.
 func (*HealthSummary) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{4}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HealthSummary) GetStatus() Health {
@@ -632,7 +716,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[5]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +728,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[5]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +741,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{5}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Node) GetName() string {
@@ -772,7 +856,13 @@ const file_aether_registry_v1_registry_proto_rawDesc = "" +
 	"\x05stamp\x18\x0e \x01(\v2\x1e.aether.registry.v1.WriteStampR\x05stamp\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"6\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x01\n" +
+	"\vEndpointRef\x12\x18\n" +
+	"\aservice\x18\x01 \x01(\tR\aservice\x128\n" +
+	"\bprotocol\x18\x02 \x01(\x0e2\x1c.aether.registry.v1.ProtocolR\bprotocol\x12\x0e\n" +
+	"\x02ip\x18\x03 \x01(\tR\x02ip\x12\x18\n" +
+	"\acluster\x18\x04 \x01(\tR\acluster\x12\x16\n" +
+	"\x06region\x18\x05 \x01(\tR\x06region\"6\n" +
 	"\n" +
 	"WriteStamp\x12\x10\n" +
 	"\x03hlc\x18\x01 \x01(\x04R\x03hlc\x12\x16\n" +
@@ -832,40 +922,42 @@ func file_aether_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_aether_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_aether_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_aether_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_aether_registry_v1_registry_proto_goTypes = []any{
 	(Protocol)(0),                 // 0: aether.registry.v1.Protocol
 	(State)(0),                    // 1: aether.registry.v1.State
 	(Health)(0),                   // 2: aether.registry.v1.Health
 	(*Port)(nil),                  // 3: aether.registry.v1.Port
 	(*ServiceEndpoint)(nil),       // 4: aether.registry.v1.ServiceEndpoint
-	(*WriteStamp)(nil),            // 5: aether.registry.v1.WriteStamp
-	(*Tombstone)(nil),             // 6: aether.registry.v1.Tombstone
-	(*HealthSummary)(nil),         // 7: aether.registry.v1.HealthSummary
-	(*Node)(nil),                  // 8: aether.registry.v1.Node
-	nil,                           // 9: aether.registry.v1.ServiceEndpoint.MetadataEntry
-	nil,                           // 10: aether.registry.v1.Node.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*EndpointRef)(nil),           // 5: aether.registry.v1.EndpointRef
+	(*WriteStamp)(nil),            // 6: aether.registry.v1.WriteStamp
+	(*Tombstone)(nil),             // 7: aether.registry.v1.Tombstone
+	(*HealthSummary)(nil),         // 8: aether.registry.v1.HealthSummary
+	(*Node)(nil),                  // 9: aether.registry.v1.Node
+	nil,                           // 10: aether.registry.v1.ServiceEndpoint.MetadataEntry
+	nil,                           // 11: aether.registry.v1.Node.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_aether_registry_v1_registry_proto_depIdxs = []int32{
 	0,  // 0: aether.registry.v1.ServiceEndpoint.protocol:type_name -> aether.registry.v1.Protocol
 	3,  // 1: aether.registry.v1.ServiceEndpoint.ports:type_name -> aether.registry.v1.Port
 	1,  // 2: aether.registry.v1.ServiceEndpoint.state:type_name -> aether.registry.v1.State
-	9,  // 3: aether.registry.v1.ServiceEndpoint.metadata:type_name -> aether.registry.v1.ServiceEndpoint.MetadataEntry
-	11, // 4: aether.registry.v1.ServiceEndpoint.created_at:type_name -> google.protobuf.Timestamp
-	11, // 5: aether.registry.v1.ServiceEndpoint.updated_at:type_name -> google.protobuf.Timestamp
-	5,  // 6: aether.registry.v1.ServiceEndpoint.stamp:type_name -> aether.registry.v1.WriteStamp
-	5,  // 7: aether.registry.v1.Tombstone.stamp:type_name -> aether.registry.v1.WriteStamp
-	2,  // 8: aether.registry.v1.HealthSummary.status:type_name -> aether.registry.v1.Health
-	7,  // 9: aether.registry.v1.Node.health:type_name -> aether.registry.v1.HealthSummary
-	10, // 10: aether.registry.v1.Node.labels:type_name -> aether.registry.v1.Node.LabelsEntry
-	11, // 11: aether.registry.v1.Node.announced_at:type_name -> google.protobuf.Timestamp
-	5,  // 12: aether.registry.v1.Node.stamp:type_name -> aether.registry.v1.WriteStamp
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	10, // 3: aether.registry.v1.ServiceEndpoint.metadata:type_name -> aether.registry.v1.ServiceEndpoint.MetadataEntry
+	12, // 4: aether.registry.v1.ServiceEndpoint.created_at:type_name -> google.protobuf.Timestamp
+	12, // 5: aether.registry.v1.ServiceEndpoint.updated_at:type_name -> google.protobuf.Timestamp
+	6,  // 6: aether.registry.v1.ServiceEndpoint.stamp:type_name -> aether.registry.v1.WriteStamp
+	0,  // 7: aether.registry.v1.EndpointRef.protocol:type_name -> aether.registry.v1.Protocol
+	6,  // 8: aether.registry.v1.Tombstone.stamp:type_name -> aether.registry.v1.WriteStamp
+	2,  // 9: aether.registry.v1.HealthSummary.status:type_name -> aether.registry.v1.Health
+	8,  // 10: aether.registry.v1.Node.health:type_name -> aether.registry.v1.HealthSummary
+	11, // 11: aether.registry.v1.Node.labels:type_name -> aether.registry.v1.Node.LabelsEntry
+	12, // 12: aether.registry.v1.Node.announced_at:type_name -> google.protobuf.Timestamp
+	6,  // 13: aether.registry.v1.Node.stamp:type_name -> aether.registry.v1.WriteStamp
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_aether_registry_v1_registry_proto_init() }
@@ -879,7 +971,7 @@ func file_aether_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aether_registry_v1_registry_proto_rawDesc), len(file_aether_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
