@@ -66,7 +66,6 @@ var (
 type (
 	Subscription      = replica.Subscription
 	SubscriptionStart = replica.Start
-	Version           = replica.Version
 	Identity          = replica.Identity
 	Limits            = replica.Limits
 	ServiceLimitError = replica.ServiceLimitError
@@ -136,7 +135,7 @@ func (r *Registrar) Subscribe(services []string, fromVersion string) (*Subscript
 		r.metrics.delivered(registrarv1.EndpointEvent_FULL_SNAPSHOT, 1)
 	}
 	start := SubscriptionStart{Resumed: sub.resumed, Snapshot: sub.snapshot, Missed: sub.missed,
-		At: Version{Epoch: sub.at.epoch, Sequence: sub.at.seq}}
+		At: registry.Position{Epoch: sub.at.epoch, Seq: sub.at.seq}}
 	return replica.NewSubscription(start, &source{r: r, w: sub.w}), nil
 }
 
@@ -236,6 +235,7 @@ func (r *Registrar) updateFilter(w *watcher, add, remove filter, max int) (n int
 	r.hub.send(w, []*registrarv1.EndpointEvent{{
 		Type:      registrarv1.EndpointEvent_SERVICES_SNAPSHOT,
 		Version:   version{epoch: r.st.epoch, seq: seq}.String(),
+		Epoch:     r.st.epoch,
 		Sequence:  seq,
 		Services:  added,
 		Endpoints: eps,

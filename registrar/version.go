@@ -6,10 +6,11 @@ import (
 	"fmt"
 
 	"github.com/aethermesh/aether/registrar/replica"
+	"github.com/aethermesh/aether/registry"
 )
 
 // version is a position in this registrar's event sequence; its token is
-// "<epoch>:<sequence>" (replica.Version, which also parses it: the one
+// "<epoch>:<sequence>" (registry.Position, whose ParsePosition is the one
 // parser of tokens). The sequence numbers this registrar's events; the
 // epoch names one incarnation of one registrar, so a token from another
 // replica, or from before a restart, can never be mistaken for a position
@@ -28,7 +29,7 @@ func newEpoch() string {
 	return hex.EncodeToString(b[:])
 }
 
-func (v version) String() string { return replica.Version{Epoch: v.epoch, Sequence: v.seq}.String() }
+func (v version) String() string { return registry.Position{Epoch: v.epoch, Seq: v.seq}.String() }
 
 // parseVersion parses a token. The empty token is valid and means "no
 // position" (fresh stream); a malformed one is replica.ErrBadVersion.
@@ -37,5 +38,5 @@ func parseVersion(s string) (version, error) {
 	if err != nil {
 		return version{}, err
 	}
-	return version{epoch: v.Epoch, seq: v.Sequence}, nil
+	return version{epoch: v.Epoch, seq: v.Seq}, nil
 }

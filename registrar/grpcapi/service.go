@@ -52,7 +52,8 @@ func (s *service) RegisterEndpoint(ctx context.Context, req *registrarv1.Registe
 	if err != nil {
 		return nil, s.status("RegisterEndpoint", "register", err)
 	}
-	resp := &registrarv1.RegisterEndpointResponse{Endpoint: ep, Version: v}
+	pos := positionOf(v)
+	resp := &registrarv1.RegisterEndpointResponse{Endpoint: ep, Version: v, Epoch: pos.Epoch, Sequence: pos.Seq}
 	if req.GetWaitPersisted() {
 		if err := s.r.WaitPersisted(ctx, registry.IDOf(ep), ep.GetStamp()); err != nil {
 			return nil, s.status("RegisterEndpoint", "register", err)
@@ -74,17 +75,16 @@ func (s *service) UnregisterEndpoint(ctx context.Context, req *registrarv1.Unreg
 		return nil, s.status("UnregisterEndpoint", "unregister", err)
 	}
 	check = bothChecks(check, owner)
-	v, w, err := s.r.UnregisterStamped(registry.EndpointID{
-		Region:   req.GetRegion(),
-		Cluster:  req.GetCluster(),
-		Service:  req.GetService(),
-		Protocol: req.GetProtocol(),
-		IP:       req.GetIp(),
-	}, check)
+	id, err := namedEndpoint(req.GetEndpoint(), req.GetRegion(), req.GetCluster(), req.GetService(), req.GetProtocol(), req.GetIp())
 	if err != nil {
 		return nil, s.status("UnregisterEndpoint", "unregister", err)
 	}
-	resp := &registrarv1.UnregisterEndpointResponse{Version: v}
+	v, w, err := s.r.UnregisterStamped(id, check)
+	if err != nil {
+		return nil, s.status("UnregisterEndpoint", "unregister", err)
+	}
+	pos := positionOf(v)
+	resp := &registrarv1.UnregisterEndpointResponse{Version: v, Epoch: pos.Epoch, Sequence: pos.Seq}
 	if req.GetWaitPersisted() {
 		if err := s.r.WaitPersisted(ctx, w.ID, w.Stamp); err != nil {
 			return nil, s.status("UnregisterEndpoint", "unregister", err)
@@ -133,17 +133,16 @@ func (s *service) DrainEndpoint(ctx context.Context, req *registrarv1.DrainEndpo
 	if err != nil {
 		return nil, err
 	}
-	ep, v, err := s.r.DrainChecked(registry.EndpointID{
-		Region:   req.GetRegion(),
-		Cluster:  req.GetCluster(),
-		Service:  req.GetService(),
-		Protocol: req.GetProtocol(),
-		IP:       req.GetIp(),
-	}, check)
+	id, err := namedEndpoint(req.GetEndpoint(), req.GetRegion(), req.GetCluster(), req.GetService(), req.GetProtocol(), req.GetIp())
 	if err != nil {
 		return nil, s.status("DrainEndpoint", "drain", err)
 	}
-	resp := &registrarv1.DrainEndpointResponse{Endpoint: ep, Version: v}
+	ep, v, err := s.r.DrainChecked(id, check)
+	if err != nil {
+		return nil, s.status("DrainEndpoint", "drain", err)
+	}
+	pos := positionOf(v)
+	resp := &registrarv1.DrainEndpointResponse{Endpoint: ep, Version: v, Epoch: pos.Epoch, Sequence: pos.Seq}
 	if req.GetWaitPersisted() {
 		if err := s.r.WaitPersisted(ctx, registry.IDOf(ep), ep.GetStamp()); err != nil {
 			return nil, s.status("DrainEndpoint", "drain", err)
@@ -338,7 +337,7 @@ func (s *service) serveUntil(stream sender, sub *replica.Subscription, req *regi
 			}
 		}
 		// Tell the client it is current even if it missed nothing.
-		if err := stream.Send(&registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Version: last, Sequence: start.At.Sequence}); err != nil {
+		if err := stream.Send(&registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Version: last, Sequence: start.At.Seq, Epoch: start.At.Epoch}); err != nil {
 			return err
 		}
 	} else {
@@ -386,7 +385,7 @@ func (s *service) serveUntil(stream sender, sub *replica.Subscription, req *regi
 				}
 				if ev.Type == registrarv1.EndpointEvent_SERVICES_SNAPSHOT {
 					// Stored whole in the replica; chunked on the wire.
-					err = sendSnapshot(stream, ev.Type, ev.Services, ev.Endpoints, replica.Version{Epoch: epoch, Sequence: ev.Sequence})
+					err = sendSnapshot(stream, ev.Type, ev.Services, ev.Endpoints, registry.Position{Epoch: epoch, Seq: ev.Sequence})
 				} else {
 					err = s.sendEvent(stream, ev)
 				}
@@ -436,14 +435,18 @@ func (s *service) serveUntil(stream sender, sub *replica.Subscription, req *regi
 	}
 }
 
-func sendSnapshot(stream sender, typ registrarv1.EndpointEvent_EventType, services []string, eps []*registryv1.ServiceEndpoint, at replica.Version) error {
+// sendSnapshot sends a snapshot in chunks, each carrying the snapshot's
+// position (version, epoch and sequence) so that any chunk stands on its
+// own.
+func sendSnapshot(stream sender, typ registrarv1.EndpointEvent_EventType, services []string, eps []*registryv1.ServiceEndpoint, at registry.Position) error {
 	v := at.String()
 	for i := 0; ; i += snapshotChunk {
 		end := min(i+snapshotChunk, len(eps))
 		if err := stream.Send(&registrarv1.EndpointEvent{
 			Type:              typ,
 			Version:           v,
-			Sequence:          at.Sequence,
+			Epoch:             at.Epoch,
+			Sequence:          at.Seq,
 			Endpoints:         eps[i:end],
 			SnapshotContinues: end < len(eps),
 			Services:          services,

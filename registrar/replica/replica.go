@@ -1,8 +1,7 @@
 // Package replica is the vocabulary a registrar replica shares with its
 // front ends (the gRPC adapter in registrar/grpcapi, and in-process
 // consumers such as an xDS feed or a status page): the errors its calls
-// return, the write check a caller may attach, the version token, and the
-// subscription a watcher reads events from.
+// return, the write check a caller may attach, and the subscription a watcher reads events from.
 //
 // It is a leaf package, importing only the API's messages and registry, so
 // that both the registrar (which implements the calls) and a front end
@@ -11,6 +10,9 @@
 // matches the registrar's method only if every type in the signature is
 // identical, and a type defined in package registrar would make the front
 // end import the registrar, whose process code in turn wires the front end.
+//
+// Positions in a replica's event history are registry.Position; their
+// tokens are parsed by registry.ParsePosition (through ParseVersion here).
 //
 // The registrar re-exports every name here (registrar.ErrNotFound is
 // replica.ErrNotFound, registrar.Subscription is replica.Subscription), so
@@ -66,8 +68,8 @@ var (
 	ErrSlowConsumer = errors.New("subscription cut: its consumer fell behind")
 	// ErrClosed: the subscription was closed by its own consumer.
 	ErrClosed = errors.New("subscription closed")
-	// ErrBadVersion: a version token that this registrar did not issue in
-	// that form (see ParseVersion). A well-formed token of another replica
+	// ErrBadVersion: a version token not of the form a registrar issues
+	// (see ParseVersion). A well-formed token of another replica
 	// or incarnation is not an error: it just cannot be resumed.
 	ErrBadVersion = errors.New("not a version token")
 	// ErrWatchesAll: an update of the services of a subscription that

@@ -5,6 +5,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registry"
 )
 
 // Start is what a subscription begins with, current as of At: either a
@@ -18,7 +19,7 @@ type Start struct {
 	Resumed  bool
 	Snapshot []*registryv1.ServiceEndpoint // when !Resumed
 	Missed   []*registrarv1.EndpointEvent  // when Resumed, in sequence order
-	At       Version
+	At       registry.Position
 }
 
 // Source is the replica's end of a subscription. The registrar implements
