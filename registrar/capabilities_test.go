@@ -18,6 +18,7 @@ import (
 	"github.com/aethermesh/aether/backend/memory"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/registrar/grpcapi"
 )
 
 // The model store offers every capability; these hide all but the core
@@ -64,7 +65,7 @@ func serveOn(t *testing.T, store backend.Store, mut ...func(*registrar.Options))
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	r.RegisterGRPC(srv)
+	grpcapi.RegisterGRPC(srv, r)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(func() {
 		r.EndStreams()

@@ -13,8 +13,10 @@ import (
 // in sequence order and a stream added under the lock misses nothing.
 //
 // A stream's buffer is bounded. Delivery never blocks: a stream whose buffer
-// is full is evicted (its evicted channel closes) and must resume, so one
-// slow consumer cannot stall the registrar or grow its memory.
+// is full is evicted (its evicted channel closes, reason ErrSlowConsumer)
+// and must resume, so one slow consumer cannot stall the registrar or grow
+// its memory. Shutdown and the subscriber's own Close end a watcher the same
+// way (cut), with their own reason.
 type hub struct {
 	all   map[*watcher]struct{}
 	bySvc map[string]map[*watcher]struct{}
@@ -33,7 +35,8 @@ type watcher struct {
 	f       filter
 	limit   int           // batches that may wait before the stream is evicted
 	ready   chan struct{} // holds a token while the queue may be non-empty
-	evicted chan struct{}
+	evicted chan struct{} // closed by cut, after reason is set
+	reason  error         // why the watcher was cut; read after evicted closes
 
 	mu    sync.Mutex
 	queue [][]*registrarv1.EndpointEvent
@@ -123,11 +126,36 @@ func (h *hub) remove(w *watcher) {
 	}
 }
 
+// cut removes a watcher for good and tells its subscriber why. A watcher
+// is cut once: later cuts keep the first reason (an eviction stays an
+// eviction when the subscriber then closes).
+func (h *hub) cut(w *watcher, reason error) {
+	select {
+	case <-w.evicted:
+		return
+	default:
+	}
+	h.remove(w)
+	w.reason = reason
+	close(w.evicted)
+}
+
+// cutAll cuts every watcher, for shutdown.
+func (h *hub) cutAll(reason error) {
+	for w := range h.all {
+		h.cut(w, reason)
+	}
+	for _, ws := range h.bySvc {
+		for w := range ws {
+			h.cut(w, reason) // removes w from ws: deleting during range is allowed
+		}
+	}
+}
+
 // send hands one batch to a watcher, evicting it if its buffer is full.
 func (h *hub) send(w *watcher, batch []*registrarv1.EndpointEvent) {
 	if !w.offer(batch) {
-		h.remove(w)
-		close(w.evicted)
+		h.cut(w, ErrSlowConsumer)
 		return
 	}
 	w.active = true

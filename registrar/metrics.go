@@ -21,10 +21,7 @@ type metrics struct {
 	superseded     prometheus.Counter
 	broadcast      *prometheus.CounterVec
 	broadcastByTyp map[registrarv1.EndpointEvent_EventType]prometheus.Counter
-	evictions      prometheus.Counter
-	rejected       *prometheus.CounterVec
 	swept          prometheus.Counter
-	authzDenied    *prometheus.CounterVec
 }
 
 func newMetrics(r *Registrar) *metrics {
@@ -69,22 +66,10 @@ func newMetrics(r *Registrar) *metrics {
 			Name: "registrar_event_broadcast_total",
 			Help: "Events handed to watching streams, by type (one per stream).",
 		}, []string{"type"}),
-		evictions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "registrar_watch_evictions_total",
-			Help: "Watch streams cut off because they did not keep up.",
-		}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "registrar_requests_rejected_total",
-			Help: "Requests refused, by reason.",
-		}, []string{"reason"}),
 		swept: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "registrar_ghost_endpoints_swept_total",
 			Help: "Endpoints removed because their node's record (lease) was gone.",
 		}),
-		authzDenied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "registrar_authz_denied_total",
-			Help: "Calls refused by authentication or authorization (mTLS mode), by the rule they broke.",
-		}, []string{"rule"}),
 	}
 	m.broadcastByTyp = map[registrarv1.EndpointEvent_EventType]prometheus.Counter{}
 	for v, name := range registrarv1.EndpointEvent_EventType_name {
@@ -93,7 +78,7 @@ func newMetrics(r *Registrar) *metrics {
 	m.reg.MustRegister(
 		m.syncDuration, m.syncErrors, m.syncFetched, m.batchSize, m.flushDuration, m.flushErrors,
 		m.writesRefused, m.superseded,
-		m.broadcast, m.evictions, m.rejected, m.swept, m.authzDenied,
+		m.broadcast, m.swept,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		&stateCollector{r: r},

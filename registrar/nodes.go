@@ -13,6 +13,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/registrar/replica"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -25,13 +26,13 @@ import (
 // endpoints. A registrar never declares a node dead on its own judgement.
 
 // errBackend marks a failure to reach the backend; clients should retry.
-var errBackend = errors.New("backend unavailable")
+var errBackend = replica.ErrBackendUnavailable
 
 // errNoLeases refuses a node call on a store without leases
 // (backend.Leases): node liveness here means records the store expires
 // itself, so on such a store a node record could never lapse, and a
 // retry cannot change that.
-var errNoLeases = errors.New("the configured backend has no leases, so this registrar keeps no node records (AnnounceNode, Heartbeat and LeaveNode are not available on it)")
+var errNoLeases = replica.ErrNoLeases
 
 // AnnounceNode creates or refreshes a node record, keeping the node's lease
 // if it is still alive.

@@ -1,15 +1,9 @@
 package registrar
 
 import (
-	"context"
-	"errors"
 	"fmt"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	"github.com/aethermesh/aether/authz"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -35,15 +29,19 @@ type ownedError struct {
 	node string
 }
 
+func (e *ownedError) Is(target error) bool { return target == ErrOwned }
+
 func (e *ownedError) Error() string {
 	return fmt.Sprintf("endpoint %s belongs to live node %q, whose agent registers it again; remove it from that agent's --endpoint/--endpoints-file (the agent drains and removes it), or stop the agent; once the node is gone it can be removed",
 		e.id, e.node)
 }
 
-// ownerCheck is the WriteCheck of an unregister made for node owner (""
+// OwnerCheck is the WriteCheck of an unregister made for node owner (""
 // when the request names none) by a caller authenticated as node identity
-// ("" when it is not a node). It validates owner first.
-func (r *Registrar) ownerCheck(owner, identity string) (WriteCheck, error) {
+// ("" when it is not a node): it refuses, with ErrOwned, the removal of a
+// live node's endpoint for anyone else. It validates owner first
+// (*registry.FieldError, field "owner_node").
+func (r *Registrar) OwnerCheck(owner, identity string) (WriteCheck, error) {
 	if owner != "" {
 		if err := registry.ValidateName("owner_node", owner); err != nil {
 			return nil, &registry.FieldError{Field: "owner_node", Reason: err.Error()}
@@ -64,45 +62,4 @@ func (r *Registrar) ownerCheck(owner, identity string) (WriteCheck, error) {
 func (r *Registrar) nodeLiveLocked(id registry.NodeID) bool {
 	_, ok := r.st.nodes[id]
 	return ok
-}
-
-// bothChecks runs a, then b; either may be nil.
-func bothChecks(a, b WriteCheck) WriteCheck {
-	if a == nil || b == nil {
-		if a == nil {
-			return b
-		}
-		return a
-	}
-	return func(ep, stored *registryv1.ServiceEndpoint) error {
-		if err := a(ep, stored); err != nil {
-			return err
-		}
-		return b(ep, stored)
-	}
-}
-
-// ownedStatus maps an ownership refusal to FAILED_PRECONDITION (the
-// request is fine; the endpoint's state forbids it), counting it; ok is
-// false for any other error.
-func (s *service) ownedStatus(op string, err error) (error, bool) {
-	var oe *ownedError
-	if !errors.As(err, &oe) {
-		return nil, false
-	}
-	s.r.metrics.rejected.WithLabelValues("owned").Inc()
-	return status.Error(codes.FailedPrecondition, fmt.Sprintf("%s: %v", op, oe)), true
-}
-
-// nodeIdentity is the node name the caller authenticated as with a client
-// certificate, or "" (no guard, or not a node identity).
-func (g *guard) nodeIdentity(ctx context.Context) string {
-	if g == nil {
-		return ""
-	}
-	id, err := authz.FromContext(ctx, g.trustDomain, g.operatorPrefix)
-	if err != nil || id.Kind != authz.Node {
-		return ""
-	}
-	return id.Name
 }

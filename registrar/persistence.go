@@ -2,13 +2,13 @@ package registrar
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"time"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/registrar/replica"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -27,10 +27,10 @@ const maxPersistWait = 30 * time.Second
 
 // errPersistWait marks a wait for persistence that ended before the write
 // was persisted; the write stays acknowledged and queued.
-var errPersistWait = errors.New("not yet persisted")
+var errPersistWait = replica.ErrNotPersisted
 
 // errRefused marks a write the backend refused permanently.
-var errRefused = errors.New("refused by the backend")
+var errRefused = replica.ErrRefused
 
 // persistTracker is the shell's write-behind bookkeeping, under the
 // Registrar's mu.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,8 +14,8 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
-	"github.com/aethermesh/aether/backend/etcd/replicator"
 	"github.com/aethermesh/aether/internal/retry"
+	"github.com/aethermesh/aether/registrar/replica"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -59,10 +58,9 @@ type Registrar struct {
 	st  *state
 	hub *hub
 
-	repl      *replicator.Replicator // set by the Server when replication is configured
-	kick      chan struct{}          // wakes the flusher before its tick
-	sweepKick chan struct{}          // wakes the ghost sweep (a node record went away)
-	closing   chan struct{}          // closed when streams must end (shutdown)
+	kick      chan struct{} // wakes the flusher before its tick
+	sweepKick chan struct{} // wakes the ghost sweep (a node record went away)
+	closing   chan struct{} // closed when streams must end (shutdown)
 	closeMu   sync.Once
 	started   atomic.Bool
 	stop      context.CancelFunc
@@ -190,7 +188,12 @@ func (r *Registrar) Close(ctx context.Context) error {
 
 // EndStreams ends every watch stream with UNAVAILABLE, so clients move to
 // another replica and resume there; part of shutting down.
-func (r *Registrar) EndStreams() { r.closeMu.Do(func() { close(r.closing) }) }
+func (r *Registrar) EndStreams() {
+	r.closeMu.Do(func() {
+		close(r.closing)
+		r.endSubscriptions() // api.go
+	})
+}
 
 // Ready reports whether the snapshot is loaded and the registrar serving.
 func (r *Registrar) Ready() bool { return r.started.Load() }
@@ -203,14 +206,9 @@ func (r *Registrar) PendingWrites() int {
 	return r.st.queue.depth()
 }
 
-// WriteCheck decides whether a write may go ahead. It is called under the
-// registrar's lock, between looking up the endpoint stored under the key
-// and writing it, so what it sees cannot change before the write: ep is
-// the endpoint the write would store (normalized; nil for unregister and
-// for drain) and stored the endpoint the snapshot holds under its key (nil
-// if none). A non-nil error aborts the write and is returned as is. It
-// must be fast and must not call the Registrar.
-type WriteCheck func(ep, stored *registryv1.ServiceEndpoint) error
+// WriteCheck decides whether a write may go ahead (see replica.WriteCheck:
+// it runs under the registrar's lock).
+type WriteCheck = replica.WriteCheck
 
 // Register validates an endpoint, fills in this registrar's origin, applies
 // it to the snapshot and pushes it to watchers. It returns once the write is
@@ -286,10 +284,7 @@ func (r *Registrar) UnregisterStamped(id registry.EndpointID, check WriteCheck) 
 }
 
 // Written names an acknowledged write, for WaitPersisted.
-type Written struct {
-	ID    registry.EndpointID
-	Stamp *registryv1.WriteStamp
-}
+type Written = replica.Written
 
 // Drain marks an endpoint of this registrar's origin DRAINING.
 func (r *Registrar) Drain(id registry.EndpointID) (*registryv1.ServiceEndpoint, string, error) {
@@ -401,101 +396,6 @@ func (r *Registrar) List(services []string) ([]*registryv1.ServiceEndpoint, stri
 	eps, seq := r.st.snapshot(f)
 	r.mu.Unlock()
 	return eps, version{epoch: r.st.epoch, seq: seq}.String(), nil
-}
-
-// subscription is what a new stream starts from: either a snapshot or the
-// events it missed, then whatever arrives on w.
-type subscription struct {
-	w        *watcher
-	snapshot []*registryv1.ServiceEndpoint // when resumed is false
-	missed   []*registrarv1.EndpointEvent  // when resumed is true
-	resumed  bool
-	at       version
-}
-
-// subscribe registers a stream. Resuming from a token of this incarnation
-// inside the retention window yields exactly the missed events; any other
-// token yields a snapshot. Either way the watcher is added in the same
-// critical section, so nothing falls between the start and the stream.
-func (r *Registrar) subscribe(f filter, from version) *subscription {
-	w := newWatcher(f, r.opts.WatchBuffer)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sub := &subscription{w: w, at: r.st.version()}
-	if from.epoch == r.st.epoch {
-		sub.missed, sub.resumed = r.st.since(from.seq, f)
-	}
-	if !sub.resumed {
-		sub.snapshot, _ = r.st.snapshot(f)
-	}
-	r.hub.add(w)
-	return sub
-}
-
-// updateFilter changes a live stream's services. Added services get a
-// SERVICES_SNAPSHOT queued in order with the stream's events, so the client
-// holds them as of that version and applies later events on top.
-//
-// The change is refused, and nothing changed, when the stream would then
-// watch more than max services; n is the count it would have had.
-func (r *Registrar) updateFilter(w *watcher, add, remove filter, max int) (n int, ok bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if w.gone {
-		return 0, true
-	}
-	n = len(w.f)
-	for svc := range w.f {
-		if _, rm := remove[svc]; rm {
-			n--
-		}
-	}
-	for svc := range add {
-		_, had := w.f[svc]
-		_, rm := remove[svc]
-		if !had || rm {
-			n++
-		}
-	}
-	if max > 0 && n > max {
-		return n, false
-	}
-	r.hub.remove(w)
-	w.gone = false
-	var added []string
-	for svc := range remove {
-		delete(w.f, svc)
-	}
-	for svc := range add {
-		if _, ok := w.f[svc]; !ok {
-			w.f[svc] = struct{}{}
-			added = append(added, svc)
-		}
-	}
-	r.hub.add(w)
-	if len(added) == 0 {
-		return n, true
-	}
-	sort.Strings(added)
-	only := make(filter, len(added))
-	for _, svc := range added {
-		only[svc] = struct{}{}
-	}
-	eps, seq := r.st.snapshot(only)
-	r.hub.send(w, []*registrarv1.EndpointEvent{{
-		Type:      registrarv1.EndpointEvent_SERVICES_SNAPSHOT,
-		Version:   version{epoch: r.st.epoch, seq: seq}.String(),
-		Sequence:  seq,
-		Services:  added,
-		Endpoints: eps,
-	}})
-	return n, true
-}
-
-func (r *Registrar) unsubscribe(w *watcher) {
-	r.mu.Lock()
-	r.hub.remove(w)
-	r.mu.Unlock()
 }
 
 // maybeKick wakes the flusher when the queue stops being empty or reaches a

@@ -30,6 +30,7 @@ import (
 	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 	"github.com/aethermesh/aether/backend/etcd/replicator"
 	"github.com/aethermesh/aether/pki"
+	"github.com/aethermesh/aether/registrar/grpcapi"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -47,6 +48,7 @@ type Server struct {
 	etcd    *embedetcd.Server // nil with external etcd; set by load
 	cli     *clientv3.Client  // set by load
 	reg     *Registrar
+	api     *grpcapi.Service
 	backend *startupBackend
 	grpc    *grpc.Server
 	health  *health.Server
@@ -228,7 +230,7 @@ func Launch(ctx context.Context, opts Options) (_ *Server, err error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", s.readyz)
-	mux.Handle("/metrics", promhttp.HandlerFor(s.reg.metrics.reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", promhttp.HandlerFor(s.reg.MetricsRegistry(), promhttp.HandlerOpts{}))
 	if opts.EnablePprof {
 		// Mounted explicitly: importing net/http/pprof registers on
 		// http.DefaultServeMux, which nothing here serves.
@@ -246,7 +248,7 @@ func Launch(ctx context.Context, opts Options) (_ *Server, err error) {
 	}()
 
 	s.grpc = grpc.NewServer(append(grpcCreds,
-		wireCodecOption(),
+		grpcapi.ServerCodec(),
 		// gRPC refuses a larger request itself with RESOURCE_EXHAUSTED
 		// ("grpc: received message larger than max (N vs. M)").
 		grpc.MaxRecvMsgSize(opts.MaxRecvMsgSize),
@@ -255,7 +257,21 @@ func Launch(ctx context.Context, opts Options) (_ *Server, err error) {
 		grpc.ChainUnaryInterceptor(s.startup.unary),
 		grpc.ChainStreamInterceptor(s.startup.stream),
 	)...)
-	s.reg.registerGRPC(s.grpc, newWireCache())
+	api := grpcapi.Config{
+		Logger:                log.With("component", "registrar", "cluster", opts.ClusterName, "region", opts.Region),
+		Registerer:            s.reg.MetricsRegistry(),
+		MaxStreamsPerIdentity: opts.MaxStreamsPerIdentity,
+		SharedEncoding:        true, // the server has grpcapi.ServerCodec
+		// s.repl is set by load before the startup gate opens, and no
+		// Registrar call passes the gate before: the gate orders the two.
+		Replication: func() ([]*registrarv1.PeerReplicationStatus, bool) { return replicationStatus(s.repl) },
+	}
+	if opts.AuthzEnabled() {
+		api.Authz = &grpcapi.Authz{TrustDomain: opts.TrustDomain, OperatorPrefix: opts.OperatorPrefix}
+	}
+	if s.api, err = grpcapi.Register(s.grpc, s.reg, api); err != nil {
+		return nil, err
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	go func() {
@@ -344,12 +360,11 @@ func (s *Server) load(ctx context.Context, etcdCfg clientv3.Config, peers []repl
 			LeaseTTL:   opts.ReplicationLeaseTTL,
 			Identity:   s.GRPCAddr(),
 			Logger:     log,
-			Registerer: s.reg.metrics.reg,
+			Registerer: s.reg.MetricsRegistry(),
 		})
 		if err != nil {
 			return fmt.Errorf("--peer-etcd: %w", err)
 		}
-		s.reg.repl = s.repl
 		rctx, cancel := context.WithCancel(context.Background())
 		s.replStop, s.replDone = cancel, make(chan struct{})
 		go func() {
@@ -448,6 +463,7 @@ func (s *Server) Close(ctx context.Context) error {
 	case <-time.After(5 * time.Second):
 		s.grpc.Stop() // streams do not end by themselves
 	}
+	s.api.Wait() // the streams' goroutines, released by the stop
 	err := s.reg.Close(ctx)
 	s.teardown()
 	return err
@@ -483,6 +499,35 @@ func (s *Server) teardown() {
 	if s.etcd != nil {
 		s.etcd.Close()
 	}
+}
+
+// replicationStatus is the ReplicationStatus answer of a replicator (nil:
+// replication not configured).
+func replicationStatus(repl *replicator.Replicator) ([]*registrarv1.PeerReplicationStatus, bool) {
+	if repl == nil {
+		return nil, false
+	}
+	var peers []*registrarv1.PeerReplicationStatus
+	for _, p := range repl.Status() {
+		peers = append(peers, &registrarv1.PeerReplicationStatus{
+			Region:                   p.Region,
+			Endpoints:                p.Endpoints,
+			IsLeader:                 p.IsLeader,
+			Leader:                   p.Leader,
+			Reachable:                p.Reachable,
+			Synced:                   p.Synced,
+			LeaseId:                  int64(p.LeaseID),
+			LeaseTtlSeconds:          p.LeaseTTL.Seconds(),
+			LeaseTtlRemainingSeconds: p.LeaseTTLRemaining.Seconds(),
+			LastMirroredRevision:     p.LastMirroredRevision,
+			LagSeconds:               p.Lag.Seconds(),
+			KeysMirrored:             p.KeysMirrored,
+			FullSyncs:                p.FullSyncs,
+			KeepaliveFailures:        p.KeepaliveFailures,
+			LastError:                p.LastError,
+		})
+	}
+	return peers, true
 }
 
 // Options are the options the server runs with, defaults filled in.

@@ -1,7 +1,6 @@
 package registrar
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -11,13 +10,14 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/registrar/replica"
 	"github.com/aethermesh/aether/registry"
 )
 
 // Errors the state machine returns; the gRPC layer maps them to codes.
 var (
-	errNotFound  = errors.New("endpoint is not registered")
-	errQueueFull = errors.New("write queue is full")
+	errNotFound  = replica.ErrNotFound
+	errQueueFull = replica.ErrQueueFull
 )
 
 // nodeFullError refuses a registration that would give a node more than

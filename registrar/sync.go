@@ -264,6 +264,7 @@ func (r *Registrar) runProgress(ctx context.Context) {
 			r.hub.progress(&registrarv1.EndpointEvent{
 				Type:     registrarv1.EndpointEvent_PROGRESS,
 				Version:  v.String(),
+				Epoch:    v.epoch,
 				Sequence: v.seq,
 			})
 			r.mu.Unlock()

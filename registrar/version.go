@@ -4,15 +4,18 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"strconv"
-	"strings"
+
+	"github.com/aethermesh/aether/registrar/replica"
+	"github.com/aethermesh/aether/registry"
 )
 
-// A version token is "<epoch>:<sequence>". The sequence numbers this
-// registrar's events; the epoch names one incarnation of one registrar, so a
-// token from another replica, or from before a restart, can never be mistaken
-// for a position in this one's history: it is simply not resumable here and
-// the client gets a fresh snapshot.
+// version is a position in this registrar's event sequence; its token is
+// "<epoch>:<sequence>" (registry.Position, whose ParsePosition is the one
+// parser of tokens). The sequence numbers this registrar's events; the
+// epoch names one incarnation of one registrar, so a token from another
+// replica, or from before a restart, can never be mistaken for a position
+// in this one's history: it is simply not resumable here and the client
+// gets a fresh snapshot.
 type version struct {
 	epoch string
 	seq   uint64
@@ -26,28 +29,14 @@ func newEpoch() string {
 	return hex.EncodeToString(b[:])
 }
 
-func (v version) String() string { return v.epoch + ":" + strconv.FormatUint(v.seq, 10) }
+func (v version) String() string { return registry.Position{Epoch: v.epoch, Seq: v.seq}.String() }
 
 // parseVersion parses a token. The empty token is valid and means "no
-// position" (fresh stream).
+// position" (fresh stream); a malformed one is replica.ErrBadVersion.
 func parseVersion(s string) (version, error) {
-	if s == "" {
-		return version{}, nil
-	}
-	epoch, seq, ok := strings.Cut(s, ":")
-	if !ok || epoch == "" || len(epoch) > 64 {
-		return version{}, fmt.Errorf("last_version %q is not a version token (expected <epoch>:<sequence> as sent by the registrar; leave it empty for a fresh snapshot)", truncate(s, 80))
-	}
-	n, err := strconv.ParseUint(seq, 10, 64)
+	v, err := replica.ParseVersion(s)
 	if err != nil {
-		return version{}, fmt.Errorf("last_version %q has a bad sequence number (expected <epoch>:<sequence> as sent by the registrar; leave it empty for a fresh snapshot)", truncate(s, 80))
+		return version{}, err
 	}
-	return version{epoch: epoch, seq: n}, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
+	return version{epoch: v.Epoch, seq: v.Seq}, nil
 }

@@ -1,4 +1,4 @@
-package registrar
+package grpcapi
 
 import (
 	"github.com/aethermesh/aether/internal/testutil/prototest"

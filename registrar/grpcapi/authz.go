@@ -1,35 +1,39 @@
-package registrar
+package grpcapi
 
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/authz"
+	"github.com/aethermesh/aether/registrar/replica"
 )
 
 // guard authenticates and authorizes gRPC calls when the registrar requires
-// client certificates (Options.TLSClientCAFile). Without a client CA the
-// service has no guard: plaintext or server-only TLS, development mode, and
-// every caller may do everything.
+// client certificates (Config.Authz, from --tls-client-ca). Without a client
+// CA the service has no guard: plaintext or server-only TLS, development
+// mode, and every caller may do everything.
 //
 // Writes are authorized against the endpoint AS STORED, from inside the
 // registrar's lock (a WriteCheck): the stored node cannot change between
 // the look-up and the write, so there is no window in which a node could
 // slip a write past a concurrent change of ownership.
 type guard struct {
-	r              *Registrar
+	m              *metrics
+	log            *slog.Logger
 	trustDomain    string
 	operatorPrefix string
 	policy         authz.Policy
 }
 
-func newGuard(r *Registrar) *guard {
-	if !r.opts.AuthzEnabled() {
-		return nil
+func newGuard(a Authz, m *metrics, log *slog.Logger) (*guard, error) {
+	prefix, err := authz.NormalizeOperatorPrefix(a.TrustDomain, a.OperatorPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("authorization: %w", err)
 	}
-	prefix, _ := authz.NormalizeOperatorPrefix(r.opts.TrustDomain, r.opts.OperatorPrefix) // checked by Validate
-	return &guard{r: r, trustDomain: r.opts.TrustDomain, operatorPrefix: prefix}
+	return &guard{m: m, log: log, trustDomain: a.TrustDomain, operatorPrefix: prefix}, nil
 }
 
 // identity authenticates the caller. A nil guard authenticates no one and
@@ -74,7 +78,7 @@ func (g *guard) node(ctx context.Context, method, op, name string) error {
 // guard): the node of the endpoint to be stored, and the node of the one
 // already stored under its key. The check only decides; the handler
 // records a denial through denied, outside the lock.
-func (g *guard) endpoint(ctx context.Context, method, op string) (WriteCheck, error) {
+func (g *guard) endpoint(ctx context.Context, method, op string) (replica.WriteCheck, error) {
 	if g == nil {
 		return nil, nil
 	}
@@ -104,11 +108,24 @@ func (g *guard) denied(method string, err error) error {
 	if g == nil || !errors.As(err, &ae) {
 		return err
 	}
-	g.r.metrics.authzDenied.WithLabelValues(ae.Rule).Inc()
+	g.m.authzDenied.WithLabelValues(ae.Rule).Inc()
 	identity := ae.Identity.URI
 	if identity == "" {
 		identity = "unauthenticated"
 	}
-	g.r.log.Warn("request denied", "method", method, "identity", identity, "rule", ae.Rule, "code", ae.Code.String(), "reason", ae.Msg)
+	g.log.Warn("request denied", "method", method, "identity", identity, "rule", ae.Rule, "code", ae.Code.String(), "reason", ae.Msg)
 	return ae
+}
+
+// nodeIdentity is the node name the caller authenticated as with a client
+// certificate, or "" (no guard, or not a node identity).
+func (g *guard) nodeIdentity(ctx context.Context) string {
+	if g == nil {
+		return ""
+	}
+	id, err := authz.FromContext(ctx, g.trustDomain, g.operatorPrefix)
+	if err != nil || id.Kind != authz.Node {
+		return ""
+	}
+	return id.Name
 }

@@ -1,4 +1,4 @@
-package registrar
+package grpcapi
 
 import (
 	"fmt"
@@ -66,8 +66,11 @@ func (c wireCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return c.CodecV2.Marshal(v)
 }
 
-// wireCodecOption installs wireCodec on a gRPC server.
-func wireCodecOption() grpc.ServerOption {
+// ServerCodec installs the service's codec on a gRPC server: the standard
+// proto codec, except that requests decode as ingress.go describes (a
+// malformed one is INVALID_ARGUMENT, not INTERNAL) and that events shared
+// among streams (Config.SharedEncoding) are sent as already encoded.
+func ServerCodec() grpc.ServerOption {
 	return grpc.ForceServerCodecV2(wireCodec{encoding.GetCodecV2(grpcproto.Name)})
 }
 

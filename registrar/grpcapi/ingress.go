@@ -1,4 +1,4 @@
-package registrar
+package grpcapi
 
 import (
 	"context"
@@ -39,7 +39,7 @@ import (
 // decodeTarget instead of returning it, and decodeRequest turns it into
 // the status it deserves.
 //
-// On a server of the caller's (RegisterGRPC) the codec is gRPC's own: the
+// On a server without ServerCodec (RegisterGRPC) the codec is gRPC's own: the
 // handlers still decode through decodeRequest, but a malformed request is
 // INTERNAL as gRPC makes it, and unknown fields are dropped only by
 // validation, before anything is stored.

@@ -1,9 +1,11 @@
-package registrar
+package grpcapi
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/authz"
+	"github.com/aethermesh/aether/registrar/replica"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -21,28 +24,23 @@ import (
 // message far below gRPC's default 4 MiB receive limit.
 const snapshotChunk = 1000
 
-// service adapts a Registrar to the gRPC API. It owns nothing but the
-// mapping of errors to status codes.
-// With a client CA configured (Options.TLSClientCAFile) every call is
-// authenticated and authorized by g first (see guard); without one g is nil
-// and nothing is checked.
+// service adapts a replica to the gRPC API. It owns nothing but the
+// mapping of requests and errors.
+// With Config.Authz every call is authenticated and authorized by g first
+// (see guard); without it g is nil and nothing is checked.
 type service struct {
 	registrarv1.UnimplementedRegistrarServer
-	r       *Registrar
-	g       *guard
-	streams *streamLimiter
-	// wire, when the server has wireCodec, shares each event's encoding
+	r           Replica
+	g           *guard
+	log         *slog.Logger
+	m           *metrics
+	replication func() ([]*registrarv1.PeerReplicationStatus, bool)
+	streams     *streamLimiter
+	// wire, with Config.SharedEncoding, shares each event's encoding
 	// among the streams it goes to (wire.go); nil sends plainly.
 	wire *wireCache
-}
-
-// RegisterGRPC registers the Registrar API on s.
-func (r *Registrar) RegisterGRPC(s grpc.ServiceRegistrar) { r.registerGRPC(s, nil) }
-
-func (r *Registrar) registerGRPC(s grpc.ServiceRegistrar, wire *wireCache) {
-	registerIngress(s, &service{r: r, g: newGuard(r), wire: wire, streams: newStreamLimiter(r.opts.MaxStreamsPerIdentity, func() {
-		r.metrics.rejected.WithLabelValues("stream_limit").Inc()
-	})}, func() { r.metrics.rejected.WithLabelValues("malformed").Inc() }) // ingress.go
+	// senders counts the streams' sender goroutines (see Service.Wait).
+	senders sync.WaitGroup
 }
 
 func (s *service) RegisterEndpoint(ctx context.Context, req *registrarv1.RegisterEndpointRequest) (*registrarv1.RegisterEndpointResponse, error) {
@@ -54,7 +52,8 @@ func (s *service) RegisterEndpoint(ctx context.Context, req *registrarv1.Registe
 	if err != nil {
 		return nil, s.status("RegisterEndpoint", "register", err)
 	}
-	resp := &registrarv1.RegisterEndpointResponse{Endpoint: ep, Version: v}
+	pos := positionOf(v)
+	resp := &registrarv1.RegisterEndpointResponse{Endpoint: ep, Version: v, Epoch: pos.Epoch, Sequence: pos.Seq}
 	if req.GetWaitPersisted() {
 		if err := s.r.WaitPersisted(ctx, registry.IDOf(ep), ep.GetStamp()); err != nil {
 			return nil, s.status("RegisterEndpoint", "register", err)
@@ -70,26 +69,22 @@ func (s *service) UnregisterEndpoint(ctx context.Context, req *registrarv1.Unreg
 		return nil, err
 	}
 	// Authorization first, then ownership: a live node's endpoint is
-	// removed only for that node (ownership.go).
-	owner, err := s.r.ownerCheck(req.GetOwnerNode(), s.g.nodeIdentity(ctx))
+	// removed only for that node (registrar/ownership.go).
+	owner, err := s.r.OwnerCheck(req.GetOwnerNode(), s.g.nodeIdentity(ctx))
 	if err != nil {
 		return nil, s.status("UnregisterEndpoint", "unregister", err)
 	}
 	check = bothChecks(check, owner)
-	v, w, err := s.r.UnregisterStamped(registry.EndpointID{
-		Region:   req.GetRegion(),
-		Cluster:  req.GetCluster(),
-		Service:  req.GetService(),
-		Protocol: req.GetProtocol(),
-		IP:       req.GetIp(),
-	}, check)
-	if st, ok := s.ownedStatus("unregister", err); ok {
-		return nil, st
-	}
+	id, err := namedEndpoint(req.GetEndpoint(), req.GetRegion(), req.GetCluster(), req.GetService(), req.GetProtocol(), req.GetIp())
 	if err != nil {
 		return nil, s.status("UnregisterEndpoint", "unregister", err)
 	}
-	resp := &registrarv1.UnregisterEndpointResponse{Version: v}
+	v, w, err := s.r.UnregisterStamped(id, check)
+	if err != nil {
+		return nil, s.status("UnregisterEndpoint", "unregister", err)
+	}
+	pos := positionOf(v)
+	resp := &registrarv1.UnregisterEndpointResponse{Version: v, Epoch: pos.Epoch, Sequence: pos.Seq}
 	if req.GetWaitPersisted() {
 		if err := s.r.WaitPersisted(ctx, w.ID, w.Stamp); err != nil {
 			return nil, s.status("UnregisterEndpoint", "unregister", err)
@@ -129,7 +124,7 @@ func (s *service) WatchEndpoints(req *registrarv1.WatchEndpointsRequest, stream 
 	if err != nil {
 		return err
 	}
-	defer s.r.unsubscribe(sub.w)
+	defer sub.Close()
 	return s.serve(stream, sub, req)
 }
 
@@ -138,17 +133,16 @@ func (s *service) DrainEndpoint(ctx context.Context, req *registrarv1.DrainEndpo
 	if err != nil {
 		return nil, err
 	}
-	ep, v, err := s.r.DrainChecked(registry.EndpointID{
-		Region:   req.GetRegion(),
-		Cluster:  req.GetCluster(),
-		Service:  req.GetService(),
-		Protocol: req.GetProtocol(),
-		IP:       req.GetIp(),
-	}, check)
+	id, err := namedEndpoint(req.GetEndpoint(), req.GetRegion(), req.GetCluster(), req.GetService(), req.GetProtocol(), req.GetIp())
 	if err != nil {
 		return nil, s.status("DrainEndpoint", "drain", err)
 	}
-	resp := &registrarv1.DrainEndpointResponse{Endpoint: ep, Version: v}
+	ep, v, err := s.r.DrainChecked(id, check)
+	if err != nil {
+		return nil, s.status("DrainEndpoint", "drain", err)
+	}
+	pos := positionOf(v)
+	resp := &registrarv1.DrainEndpointResponse{Endpoint: ep, Version: v, Epoch: pos.Epoch, Sequence: pos.Seq}
 	if req.GetWaitPersisted() {
 		if err := s.r.WaitPersisted(ctx, registry.IDOf(ep), ep.GetStamp()); err != nil {
 			return nil, s.status("DrainEndpoint", "drain", err)
@@ -176,11 +170,17 @@ func (s *service) Subscribe(stream grpc.BidiStreamingServer[registrarv1.Subscrib
 	if err != nil {
 		return err
 	}
-	defer s.r.unsubscribe(sub.w)
+	defer sub.Close()
 	// Updates are read on their own goroutine; the stream's events keep
 	// flowing meanwhile. A bad update ends the stream with its status.
+	// Its Recv returns only once the client sends or the RPC ends, which
+	// is after this handler returns, so it is not joined here but by
+	// Service.Wait; it touches only sub, whose Update after Close does
+	// nothing.
 	failed := make(chan error, 1)
+	s.senders.Add(1)
 	go func() {
+		defer s.senders.Done()
 		for {
 			msg, err := stream.Recv()
 			if status.Code(err) == codes.InvalidArgument {
@@ -199,28 +199,27 @@ func (s *service) Subscribe(stream grpc.BidiStreamingServer[registrarv1.Subscrib
 	return s.serveUntil(stream, sub, req, failed)
 }
 
-func (s *service) update(sub *subscription, msg *registrarv1.SubscribeRequest) error {
+func (s *service) update(sub *replica.Subscription, msg *registrarv1.SubscribeRequest) error {
 	u := msg.GetUpdate()
 	if u == nil {
 		return status.Error(codes.InvalidArgument, "after the first message, Subscribe messages must set update")
 	}
-	if sub.w.f.all() {
+	err := sub.Update(u.GetAdd(), u.GetRemove())
+	var fe *registry.FieldError
+	var le *replica.ServiceLimitError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, replica.ErrWatchesAll):
 		return status.Error(codes.InvalidArgument, "this stream watches all services; to choose services, start it with a service list")
-	}
-	add, err := newFilter(u.GetAdd())
-	if err != nil {
-		return status.Error(codes.InvalidArgument, "update.add: "+err.Error())
-	}
-	remove, err := newFilter(u.GetRemove())
-	if err != nil {
-		return status.Error(codes.InvalidArgument, "update.remove: "+err.Error())
-	}
-	if n, ok := s.r.updateFilter(sub.w, add, remove, s.r.opts.MaxWatchServices); !ok {
+	case errors.As(err, &fe):
+		return status.Error(codes.InvalidArgument, "update."+fe.Error())
+	case errors.As(err, &le):
 		return status.Error(codes.InvalidArgument, fmt.Sprintf(
 			"update: the stream would watch %d services, more than the limit of %d (--max-watch-services); nothing was changed",
-			n, s.r.opts.MaxWatchServices))
+			le.Services, le.Limit))
 	}
-	return nil
+	return status.Error(codes.Internal, "update: "+err.Error())
 }
 
 func (s *service) AnnounceNode(ctx context.Context, req *registrarv1.AnnounceNodeRequest) (*registrarv1.AnnounceNodeResponse, error) {
@@ -231,7 +230,7 @@ func (s *service) AnnounceNode(ctx context.Context, req *registrarv1.AnnounceNod
 	if err != nil {
 		return nil, s.status("AnnounceNode", "announce node", err)
 	}
-	return &registrarv1.AnnounceNodeResponse{Node: n, HeartbeatIntervalMs: (s.r.opts.NodeTTL / 3).Milliseconds()}, nil
+	return &registrarv1.AnnounceNodeResponse{Node: n, HeartbeatIntervalMs: s.r.HeartbeatInterval().Milliseconds()}, nil
 }
 
 func (s *service) Heartbeat(ctx context.Context, req *registrarv1.HeartbeatRequest) (*registrarv1.HeartbeatResponse, error) {
@@ -266,48 +265,35 @@ func (s *service) ReplicationStatus(ctx context.Context, _ *registrarv1.Replicat
 	if err := s.g.read(ctx, "ReplicationStatus"); err != nil {
 		return nil, err
 	}
-	resp := &registrarv1.ReplicationStatusResponse{Region: s.r.opts.Region, Enabled: s.r.repl != nil}
-	if s.r.repl == nil {
-		return resp, nil
-	}
-	for _, p := range s.r.repl.Status() {
-		resp.Peers = append(resp.Peers, &registrarv1.PeerReplicationStatus{
-			Region:                   p.Region,
-			Endpoints:                p.Endpoints,
-			IsLeader:                 p.IsLeader,
-			Leader:                   p.Leader,
-			Reachable:                p.Reachable,
-			Synced:                   p.Synced,
-			LeaseId:                  int64(p.LeaseID),
-			LeaseTtlSeconds:          p.LeaseTTL.Seconds(),
-			LeaseTtlRemainingSeconds: p.LeaseTTLRemaining.Seconds(),
-			LastMirroredRevision:     p.LastMirroredRevision,
-			LagSeconds:               p.Lag.Seconds(),
-			KeysMirrored:             p.KeysMirrored,
-			FullSyncs:                p.FullSyncs,
-			KeepaliveFailures:        p.KeepaliveFailures,
-			LastError:                p.LastError,
-		})
+	resp := &registrarv1.ReplicationStatusResponse{Region: s.r.Identity().Region}
+	if s.replication != nil {
+		resp.Peers, resp.Enabled = s.replication()
 	}
 	return resp, nil
 }
 
 // start validates a watch request and subscribes.
-func (s *service) start(req *registrarv1.WatchEndpointsRequest) (*subscription, error) {
-	f, err := newFilter(req.GetServices())
-	if err != nil {
-		return nil, status.Error(codes.InvalidArgument, "services: "+err.Error())
-	}
-	if max := s.r.opts.MaxWatchServices; len(f) > max {
+func (s *service) start(req *registrarv1.WatchEndpointsRequest) (*replica.Subscription, error) {
+	sub, err := s.r.Subscribe(req.GetServices(), req.GetLastVersion())
+	var fe *registry.FieldError
+	var le *replica.ServiceLimitError
+	switch {
+	case err == nil:
+		return sub, nil
+	case errors.As(err, &fe):
+		return nil, status.Error(codes.InvalidArgument, fe.Error())
+	case errors.As(err, &le):
 		return nil, status.Error(codes.InvalidArgument, fmt.Sprintf(
 			"services: %d distinct services exceed the limit of %d per watch (--max-watch-services); split them over several streams, or watch all services with an empty list",
-			len(f), max))
-	}
-	from, err := parseVersion(req.GetLastVersion())
-	if err != nil {
+			le.Services, le.Limit))
+	case errors.Is(err, replica.ErrBadVersion):
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, replica.ErrShuttingDown):
+		return nil, status.Errorf(codes.Unavailable, "registrar is shutting down; reconnect and resume with last_version=%q", req.GetLastVersion())
+	case errors.Is(err, replica.ErrNotReady):
+		return nil, status.Error(codes.Unavailable, err.Error()+"; retry, or watch through another registrar")
 	}
-	return s.r.subscribe(f, from), nil
+	return nil, status.Error(codes.Internal, "watch: "+err.Error())
 }
 
 type sender interface {
@@ -317,7 +303,7 @@ type sender interface {
 }
 
 // sendEvent sends a published event, in its shared encoding when the
-// server has one.
+// service has one.
 func (s *service) sendEvent(stream sender, ev *registrarv1.EndpointEvent) error {
 	if s.wire == nil {
 		return stream.Send(ev)
@@ -329,85 +315,99 @@ func (s *service) sendEvent(stream sender, ev *registrarv1.EndpointEvent) error 
 	return stream.SendMsg(b)
 }
 
-func (s *service) serve(stream sender, sub *subscription, req *registrarv1.WatchEndpointsRequest) error {
+func (s *service) serve(stream sender, sub *replica.Subscription, req *registrarv1.WatchEndpointsRequest) error {
 	return s.serveUntil(stream, sub, req, nil)
 }
 
 // serveUntil sends the stream's start (snapshot, or missed events and a
-// bookmark) and then its events, until the client goes, the registrar shuts
-// down, the stream is evicted, or stop delivers an error.
-func (s *service) serveUntil(stream sender, sub *subscription, req *registrarv1.WatchEndpointsRequest, stop <-chan error) error {
-	log := s.r.log.With("node", req.GetNodeName(), "watcher_cluster", req.GetClusterName())
-	last := sub.at.String()
-	if sub.resumed {
-		for _, ev := range sub.missed {
+// bookmark) and then its events, until the client goes, the subscription
+// is cut (shutdown, or the client fell behind), or stop delivers an error.
+func (s *service) serveUntil(stream sender, sub *replica.Subscription, req *registrarv1.WatchEndpointsRequest, stop <-chan error) error {
+	log := s.log.With("node", req.GetNodeName(), "watcher_cluster", req.GetClusterName())
+	// Taken, not read: once sent the stream lets the start go. The stream
+	// lives on with sub, and a snapshot is a slice of every endpoint it
+	// follows: kept for every stream's life, thousands of streams would
+	// hold copies of the registry that every collection marks again.
+	start := sub.TakeStart()
+	last := start.At.String()
+	if start.Resumed {
+		for _, ev := range start.Missed {
 			if err := stream.Send(ev); err != nil {
 				return err
 			}
 		}
 		// Tell the client it is current even if it missed nothing.
-		if err := stream.Send(&registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Version: last, Sequence: sub.at.seq}); err != nil {
+		if err := stream.Send(&registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_PROGRESS, Version: last, Sequence: start.At.Seq, Epoch: start.At.Epoch}); err != nil {
 			return err
 		}
 	} else {
-		if err := sendSnapshot(stream, registrarv1.EndpointEvent_FULL_SNAPSHOT, nil, sub.snapshot, sub.at); err != nil {
+		if err := sendSnapshot(stream, registrarv1.EndpointEvent_FULL_SNAPSHOT, nil, start.Snapshot, start.At); err != nil {
 			return err
 		}
-		s.r.metrics.delivered(registrarv1.EndpointEvent_FULL_SNAPSHOT, 1)
 	}
-	log.Debug("watch started", "resumed", sub.resumed, "missed", len(sub.missed), "snapshot", len(sub.snapshot), "version", last)
-	// Sent: let them go. The stream lives on with sub, and a snapshot is
-	// a slice of every endpoint it follows: kept for every stream's life,
-	// thousands of streams would hold copies of the registry that every
-	// collection marks again.
-	sub.snapshot, sub.missed = nil, nil
+	log.Debug("watch started", "resumed", start.Resumed, "missed", len(start.Missed), "snapshot", len(start.Snapshot), "version", last)
+	start.Snapshot, start.Missed = nil, nil // sent: let them go
 
 	// Events are sent from their own goroutine so that the handler can end
 	// the stream (eviction, shutdown) even while a Send is blocked on a
 	// client that stopped reading: returning ends the RPC, which releases
-	// the blocked Send. etcd's watch server does the same.
+	// the blocked Send. etcd's watch server does the same. The sender is
+	// joined before returning unless it is inside such a Send: gRPC aborts
+	// a Send only by ending the RPC, which happens when this handler
+	// returns, so waiting for it here would wait forever. That sender ends
+	// right after, and Service.Wait joins it. state says which: the sender
+	// enters a Send only from idle, and the handler's stop wins the race
+	// for it, so a sender never starts a Send the handler did not see.
+	const (
+		idle = iota
+		sending
+		stopped
+	)
+	var state atomic.Int32
+	epoch := start.At.Epoch
 	var lastSent atomic.Pointer[string]
 	lastSent.Store(&last)
-	done := make(chan struct{})
-	defer close(done)
+	ctx, cancel := context.WithCancel(stream.Context())
+	senderDone := make(chan struct{})
 	sendErr := make(chan error, 1)
+	s.senders.Add(1)
 	go func() {
+		defer s.senders.Done()
+		defer close(senderDone)
 		for {
-			select {
-			case <-done:
-				return
-			case <-sub.w.ready:
+			batch, err := sub.Next(ctx)
+			if err != nil {
+				return // ctx ended or the subscription was cut: the handler sees why
 			}
-			for {
-				batch, ok := sub.w.next()
-				if !ok {
-					break
+			for _, ev := range batch {
+				if !state.CompareAndSwap(idle, sending) {
+					return // the handler is returning
 				}
-				for _, ev := range batch {
-					select {
-					case <-done:
-						return
-					default:
-					}
-					var err error
-					if ev.Type == registrarv1.EndpointEvent_SERVICES_SNAPSHOT {
-						// Stored whole in the hub; chunked on the wire.
-						err = sendSnapshot(stream, ev.Type, ev.Services, ev.Endpoints, version{epoch: sub.at.epoch, seq: ev.Sequence})
-					} else {
-						err = s.sendEvent(stream, ev)
-					}
-					if err != nil {
-						sendErr <- err
-						return
-					}
-					v := ev.Version
-					lastSent.Store(&v)
+				if ev.Type == registrarv1.EndpointEvent_SERVICES_SNAPSHOT {
+					// Stored whole in the replica; chunked on the wire.
+					err = sendSnapshot(stream, ev.Type, ev.Services, ev.Endpoints, registry.Position{Epoch: epoch, Seq: ev.Sequence})
+				} else {
+					err = s.sendEvent(stream, ev)
 				}
+				if !state.CompareAndSwap(sending, idle) {
+					return // the handler returned during the Send
+				}
+				if err != nil {
+					sendErr <- err
+					return
+				}
+				v := ev.Version
+				lastSent.Store(&v)
 			}
 		}
 	}()
+	defer func() {
+		cancel()
+		if state.Swap(stopped) != sending {
+			<-senderDone
+		}
+	}()
 
-	ctx := stream.Context()
 	select {
 	case <-ctx.Done():
 		return nil
@@ -415,28 +415,38 @@ func (s *service) serveUntil(stream sender, sub *subscription, req *registrarv1.
 		return err
 	case err := <-stop:
 		return err
-	case <-s.r.closing:
-		return status.Errorf(codes.Unavailable, "registrar is shutting down; reconnect and resume with last_version=%q", *lastSent.Load())
-	case <-sub.w.evicted:
+	case <-sub.Done():
+	}
+	last = *lastSent.Load()
+	switch err := sub.Err(); {
+	case errors.Is(err, replica.ErrShuttingDown):
+		return status.Errorf(codes.Unavailable, "registrar is shutting down; reconnect and resume with last_version=%q", last)
+	case errors.Is(err, replica.ErrSlowConsumer):
 		// Whatever is still buffered was never sent; the client resumes
 		// from the last version it did receive.
-		last := *lastSent.Load()
-		s.r.metrics.evictions.Inc()
-		log.Warn("watch stream evicted: consumer too slow", "last_version", last, "buffer", s.r.opts.WatchBuffer)
+		s.m.evictions.Inc()
+		buffer := s.r.Limits().WatchBuffer
+		log.Warn("watch stream evicted: consumer too slow", "last_version", last, "buffer", buffer)
 		return status.Errorf(codes.ResourceExhausted,
 			"watch stream evicted: the client fell %d messages behind (--watch-buffer); resume with last_version=%q",
-			s.r.opts.WatchBuffer, last)
+			buffer, last)
+	default:
+		return status.Errorf(codes.Unavailable, "watch ended: %v; resume with last_version=%q", err, last)
 	}
 }
 
-func sendSnapshot(stream sender, typ registrarv1.EndpointEvent_EventType, services []string, eps []*registryv1.ServiceEndpoint, at version) error {
+// sendSnapshot sends a snapshot in chunks, each carrying the snapshot's
+// position (version, epoch and sequence) so that any chunk stands on its
+// own.
+func sendSnapshot(stream sender, typ registrarv1.EndpointEvent_EventType, services []string, eps []*registryv1.ServiceEndpoint, at registry.Position) error {
 	v := at.String()
 	for i := 0; ; i += snapshotChunk {
 		end := min(i+snapshotChunk, len(eps))
 		if err := stream.Send(&registrarv1.EndpointEvent{
 			Type:              typ,
 			Version:           v,
-			Sequence:          at.seq,
+			Epoch:             at.Epoch,
+			Sequence:          at.Seq,
 			Endpoints:         eps[i:end],
 			SnapshotContinues: end < len(eps),
 			Services:          services,
@@ -449,39 +459,42 @@ func sendSnapshot(stream sender, typ registrarv1.EndpointEvent_EventType, servic
 	}
 }
 
-// status maps a registrar error to a precise gRPC status. method names the
+// status maps a replica error to a precise gRPC status. method names the
 // RPC for the log of an authorization refusal (from a WriteCheck).
 func (s *service) status(method, op string, err error) error {
 	var fe *registry.FieldError
 	var ae *authz.Error
-	var nf *nodeFullError
 	switch {
-	case errors.As(err, &nf):
-		s.r.metrics.rejected.WithLabelValues("node_limit").Inc()
-		return status.Error(codes.ResourceExhausted, fmt.Sprintf("%s: %v", op, nf))
+	case errors.Is(err, replica.ErrOwned):
+		// The request is fine; the endpoint's state forbids it.
+		s.m.rejected.WithLabelValues("owned").Inc()
+		return status.Error(codes.FailedPrecondition, fmt.Sprintf("%s: %v", op, err))
+	case errors.Is(err, replica.ErrNodeFull):
+		s.m.rejected.WithLabelValues("node_limit").Inc()
+		return status.Error(codes.ResourceExhausted, fmt.Sprintf("%s: %v", op, err))
 	case errors.As(err, &ae):
 		return s.g.denied(method, ae)
 	case errors.As(err, &fe):
-		s.r.metrics.rejected.WithLabelValues("invalid").Inc()
+		s.m.rejected.WithLabelValues("invalid").Inc()
 		return status.Error(codes.InvalidArgument, fe.Error())
-	case errors.Is(err, errNotFound):
-		s.r.metrics.rejected.WithLabelValues("not_found").Inc()
+	case errors.Is(err, replica.ErrNotFound):
+		s.m.rejected.WithLabelValues("not_found").Inc()
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, errNoLeases):
+	case errors.Is(err, replica.ErrNoLeases):
 		return status.Error(codes.FailedPrecondition, fmt.Sprintf("%s: %v", op, err))
-	case errors.Is(err, errBackend):
-		s.r.metrics.rejected.WithLabelValues("backend").Inc()
+	case errors.Is(err, replica.ErrBackendUnavailable):
+		s.m.rejected.WithLabelValues("backend").Inc()
 		return status.Error(codes.Unavailable, fmt.Sprintf("%s: %v; retry", op, err))
-	case errors.Is(err, errPersistWait):
+	case errors.Is(err, replica.ErrNotPersisted):
 		return status.Error(codes.DeadlineExceeded, fmt.Sprintf("%s: %v", op, err))
-	case errors.Is(err, errRefused):
-		s.r.metrics.rejected.WithLabelValues("refused_by_backend").Inc()
+	case errors.Is(err, replica.ErrRefused):
+		s.m.rejected.WithLabelValues("refused_by_backend").Inc()
 		return status.Error(codes.FailedPrecondition, fmt.Sprintf("%s: acknowledged but %v; change the request (see the registrar's log) and write it again", op, err))
-	case errors.Is(err, errQueueFull):
-		s.r.metrics.rejected.WithLabelValues("queue_full").Inc()
+	case errors.Is(err, replica.ErrQueueFull):
+		s.m.rejected.WithLabelValues("queue_full").Inc()
 		return status.Error(codes.ResourceExhausted, fmt.Sprintf(
 			"%s: write queue is full (%d endpoints waiting to be persisted, --write-queue-limit); the backend is not keeping up, retry later",
-			op, s.r.opts.WriteQueueLimit))
+			op, s.r.Limits().WriteQueueLimit))
 	}
 	return status.Error(codes.Internal, fmt.Sprintf("%s: %v", op, err))
 }
