@@ -9,7 +9,7 @@ import (
 )
 
 // guard authenticates and authorizes gRPC calls when the registrar requires
-// client certificates (Options.TLSClientCAFile). Without a client CA the
+// client certificates (GRPCConfig.Authorize). Without a client CA the
 // service has no guard: plaintext or server-only TLS, development mode, and
 // every caller may do everything.
 //
@@ -24,12 +24,12 @@ type guard struct {
 	policy         authz.Policy
 }
 
-func newGuard(r *Registrar) *guard {
-	if !r.opts.AuthzEnabled() {
+func newGuard(r *Registrar, c GRPCConfig) *guard {
+	if !c.Authorize {
 		return nil
 	}
-	prefix, _ := authz.NormalizeOperatorPrefix(r.opts.TrustDomain, r.opts.OperatorPrefix) // checked by Validate
-	return &guard{r: r, trustDomain: r.opts.TrustDomain, operatorPrefix: prefix}
+	prefix, _ := authz.NormalizeOperatorPrefix(c.TrustDomain, c.OperatorPrefix) // checked by the process's Validate
+	return &guard{r: r, trustDomain: c.TrustDomain, operatorPrefix: prefix}
 }
 
 // identity authenticates the caller. A nil guard authenticates no one and

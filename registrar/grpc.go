@@ -23,7 +23,7 @@ const snapshotChunk = 1000
 
 // service adapts a Registrar to the gRPC API. It owns nothing but the
 // mapping of errors to status codes.
-// With a client CA configured (Options.TLSClientCAFile) every call is
+// With authorization configured (GRPCConfig.Authorize) every call is
 // authenticated and authorized by g first (see guard); without one g is nil
 // and nothing is checked.
 type service struct {
@@ -31,16 +31,19 @@ type service struct {
 	r       *Registrar
 	g       *guard
 	streams *streamLimiter
+	cfg     GRPCConfig // defaults filled in
 	// wire, when the server has wireCodec, shares each event's encoding
 	// among the streams it goes to (wire.go); nil sends plainly.
 	wire *wireCache
 }
 
 // RegisterGRPC registers the Registrar API on s.
-func (r *Registrar) RegisterGRPC(s grpc.ServiceRegistrar) { r.registerGRPC(s, nil) }
+// Nobody is authenticated and the limits are DefaultGRPCConfig's.
+func (r *Registrar) RegisterGRPC(s grpc.ServiceRegistrar) { r.registerGRPC(s, nil, GRPCConfig{}) }
 
-func (r *Registrar) registerGRPC(s grpc.ServiceRegistrar, wire *wireCache) {
-	registerIngress(s, &service{r: r, g: newGuard(r), wire: wire, streams: newStreamLimiter(r.opts.MaxStreamsPerIdentity, func() {
+func (r *Registrar) registerGRPC(s grpc.ServiceRegistrar, wire *wireCache, c GRPCConfig) {
+	c = c.withDefaults()
+	registerIngress(s, &service{r: r, g: newGuard(r, c), cfg: c, wire: wire, streams: newStreamLimiter(c.MaxStreamsPerIdentity, func() {
 		r.metrics.rejected.WithLabelValues("stream_limit").Inc()
 	})}, func() { r.metrics.rejected.WithLabelValues("malformed").Inc() }) // ingress.go
 }
@@ -215,10 +218,10 @@ func (s *service) update(sub *subscription, msg *registrarv1.SubscribeRequest) e
 	if err != nil {
 		return status.Error(codes.InvalidArgument, "update.remove: "+err.Error())
 	}
-	if n, ok := s.r.updateFilter(sub.w, add, remove, s.r.opts.MaxWatchServices); !ok {
+	if n, ok := s.r.updateFilter(sub.w, add, remove, s.cfg.MaxWatchServices); !ok {
 		return status.Error(codes.InvalidArgument, fmt.Sprintf(
 			"update: the stream would watch %d services, more than the limit of %d (--max-watch-services); nothing was changed",
-			n, s.r.opts.MaxWatchServices))
+			n, s.cfg.MaxWatchServices))
 	}
 	return nil
 }
@@ -270,25 +273,7 @@ func (s *service) ReplicationStatus(ctx context.Context, _ *registrarv1.Replicat
 	if s.r.repl == nil {
 		return resp, nil
 	}
-	for _, p := range s.r.repl.Status() {
-		resp.Peers = append(resp.Peers, &registrarv1.PeerReplicationStatus{
-			Region:                   p.Region,
-			Endpoints:                p.Endpoints,
-			IsLeader:                 p.IsLeader,
-			Leader:                   p.Leader,
-			Reachable:                p.Reachable,
-			Synced:                   p.Synced,
-			LeaseId:                  int64(p.LeaseID),
-			LeaseTtlSeconds:          p.LeaseTTL.Seconds(),
-			LeaseTtlRemainingSeconds: p.LeaseTTLRemaining.Seconds(),
-			LastMirroredRevision:     p.LastMirroredRevision,
-			LagSeconds:               p.Lag.Seconds(),
-			KeysMirrored:             p.KeysMirrored,
-			FullSyncs:                p.FullSyncs,
-			KeepaliveFailures:        p.KeepaliveFailures,
-			LastError:                p.LastError,
-		})
-	}
+	resp.Peers = s.r.repl.ReplicationPeers()
 	return resp, nil
 }
 
@@ -298,7 +283,7 @@ func (s *service) start(req *registrarv1.WatchEndpointsRequest) (*subscription, 
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, "services: "+err.Error())
 	}
-	if max := s.r.opts.MaxWatchServices; len(f) > max {
+	if max := s.cfg.MaxWatchServices; len(f) > max {
 		return nil, status.Error(codes.InvalidArgument, fmt.Sprintf(
 			"services: %d distinct services exceed the limit of %d per watch (--max-watch-services); split them over several streams, or watch all services with an empty list",
 			len(f), max))

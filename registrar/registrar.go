@@ -15,7 +15,6 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
-	"github.com/aethermesh/aether/backend/etcd/replicator"
 	"github.com/aethermesh/aether/internal/retry"
 	"github.com/aethermesh/aether/registry"
 )
@@ -59,10 +58,10 @@ type Registrar struct {
 	st  *state
 	hub *hub
 
-	repl      *replicator.Replicator // set by the Server when replication is configured
-	kick      chan struct{}          // wakes the flusher before its tick
-	sweepKick chan struct{}          // wakes the ghost sweep (a node record went away)
-	closing   chan struct{}          // closed when streams must end (shutdown)
+	repl      ReplicationStatus // set by the process when replication is configured (hooks.go)
+	kick      chan struct{}     // wakes the flusher before its tick
+	sweepKick chan struct{}     // wakes the ghost sweep (a node record went away)
+	closing   chan struct{}     // closed when streams must end (shutdown)
 	closeMu   sync.Once
 	started   atomic.Bool
 	stop      context.CancelFunc

@@ -1,4 +1,4 @@
-package registrar
+package server
 
 import (
 	"fmt"
@@ -7,13 +7,23 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/authz"
-	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/registrar"
 )
 
-// Options configure a registrar process: where its etcd is, where it serves,
-// who it is, and how it batches and streams. Zero values take the defaults
-// of DefaultOptions.
-type Options struct {
+// Config configures a registrar process: where its etcd is, where it
+// serves, how it secures that, and the replica it runs (the embedded
+// registrar.Options, whose fields read as the Config's own). Zero values
+// take the defaults of DefaultConfig.
+type Config struct {
+	// The replica: identity, sync, write-behind, streams, nodes, the
+	// limits it enforces on what it stores, the logger (which the process
+	// logs to as well).
+	registrar.Options
+
+	// Zone is the zone this registrar runs in (optional): validated, for
+	// the operator's records; nothing reads it yet.
+	Zone string
+
 	// Backend. With no EtcdEndpoints the registrar runs an embedded etcd in
 	// DataDir, serving clients at EmbeddedEtcdAddr and peers at
 	// EmbeddedEtcdPeerAddr.
@@ -33,42 +43,6 @@ type Options struct {
 	// shows internals, so it is for diagnosing, behind the same TLS as
 	// /metrics.
 	EnablePprof bool
-
-	// Identity: the origin this registrar writes for.
-	ClusterName string
-	Region      string
-	Zone        string
-
-	// Sync: how this replica learns other replicas' writes. SyncMode
-	// SyncWatch (the default) applies an etcd watch's changes as they
-	// arrive, with a full re-list every SyncInterval as a backstop and at
-	// most one re-list per SyncDebounce when the watch asks for one
-	// (reconnects, compaction, bursts of errors). SyncPoll opens no watch:
-	// other replicas' writes arrive only with the full re-list every
-	// SyncInterval, as on a backend without a change feed (kept for
-	// comparison, see the disruption battery in docs/benchmarks.md).
-	SyncMode     string
-	SyncInterval time.Duration
-	SyncDebounce time.Duration
-
-	// Write-behind: flush every WriteBatchInterval, or sooner once
-	// WriteBatchSize writes are pending; refuse new writes once
-	// WriteQueueLimit distinct endpoints are waiting to be persisted.
-	WriteBatchInterval time.Duration
-	WriteBatchSize     int
-	WriteQueueLimit    int
-
-	// Streams: WatchHistory events are retained for resume; each stream
-	// buffers at most WatchBuffer undelivered messages before it is cut off;
-	// an idle stream gets a PROGRESS bookmark every ProgressInterval.
-	WatchHistory     int
-	WatchBuffer      int
-	ProgressInterval time.Duration
-
-	// Nodes: a node record lives under an etcd lease of NodeTTL that the
-	// node's heartbeats renew; when it lapses, etcd deletes the record and
-	// the registrar's ghost sweep removes the node's endpoints.
-	NodeTTL time.Duration
 
 	// Multi-region replication: with one or more PeerEtcd specs
 	// ("region=ep[,ep]"), the region's registrars elect one replicator that
@@ -124,56 +98,50 @@ type Options struct {
 	PeerEtcdCert   string
 	PeerEtcdKey    string
 
-	// Limits (see docs/security.md, "Limits"). MaxRecvMsgSize bounds one
-	// gRPC request message in bytes (gRPC answers RESOURCE_EXHAUSTED).
-	// MaxMetadataEntries and MaxMetadataBytes bound an endpoint's metadata
-	// and a node's labels (INVALID_ARGUMENT). MaxWatchServices bounds the
-	// services of one watch filter (INVALID_ARGUMENT). MaxStreamsPerIdentity
-	// bounds the open WatchEndpoints/Subscribe streams of one caller: its
-	// SPIFFE ID with mTLS, its IP address otherwise; negative means
-	// unlimited (the CLI's --max-streams-per-identity 0). MaxEndpointsPerNode
-	// bounds the endpoints one node has in this registrar's origin; updates
-	// of existing endpoints are always allowed (RESOURCE_EXHAUSTED).
+	// Limits of the gRPC layer (see docs/security.md, "Limits").
+	// MaxRecvMsgSize bounds one gRPC request message in bytes (gRPC answers
+	// RESOURCE_EXHAUSTED). MaxWatchServices bounds the services of one
+	// watch filter (INVALID_ARGUMENT). MaxStreamsPerIdentity bounds the
+	// open WatchEndpoints/Subscribe streams of one caller: its SPIFFE ID
+	// with mTLS, its IP address otherwise; negative means unlimited (the
+	// CLI's --max-streams-per-identity 0).
 	MaxRecvMsgSize        int
-	MaxMetadataEntries    int
-	MaxMetadataBytes      int
 	MaxWatchServices      int
 	MaxStreamsPerIdentity int
-	MaxEndpointsPerNode   int
-
-	Logger *slog.Logger
 }
 
-// Sync modes (Options.SyncMode, --sync-mode).
-const (
-	// SyncWatch learns other replicas' writes from an etcd watch, with a
-	// periodic full re-list as a backstop.
-	SyncWatch = "watch"
-	// SyncPoll learns them only from the periodic full re-list.
-	SyncPoll = "poll"
-)
-
 // TLSEnabled reports whether the registrar serves TLS.
-func (o Options) TLSEnabled() bool { return o.TLSCertFile != "" }
+func (c Config) TLSEnabled() bool { return c.TLSCertFile != "" }
 
 // AuthzEnabled reports whether client certificates are required and calls
 // authorized.
-func (o Options) AuthzEnabled() bool { return o.TLSClientCAFile != "" }
+func (c Config) AuthzEnabled() bool { return c.TLSClientCAFile != "" }
 
 // EtcdTLSEnabled reports whether the registrar talks TLS to etcd.
-func (o Options) EtcdTLSEnabled() bool {
-	return o.EtcdCACert != "" || o.EtcdCert != "" || o.EtcdKey != ""
+func (c Config) EtcdTLSEnabled() bool {
+	return c.EtcdCACert != "" || c.EtcdCert != "" || c.EtcdKey != ""
 }
 
 // EmbeddedEtcdTLSEnabled reports whether any embedded etcd TLS option is set.
-func (o Options) EmbeddedEtcdTLSEnabled() bool {
-	return o.EmbeddedEtcdCert != "" || o.EmbeddedEtcdKey != "" || o.EmbeddedEtcdClientCA != "" ||
-		o.EmbeddedEtcdPeerCert != "" || o.EmbeddedEtcdPeerKey != "" || o.EmbeddedEtcdPeerCA != ""
+func (c Config) EmbeddedEtcdTLSEnabled() bool {
+	return c.EmbeddedEtcdCert != "" || c.EmbeddedEtcdKey != "" || c.EmbeddedEtcdClientCA != "" ||
+		c.EmbeddedEtcdPeerCert != "" || c.EmbeddedEtcdPeerKey != "" || c.EmbeddedEtcdPeerCA != ""
 }
 
 // PeerEtcdTLSEnabled reports whether the replicator talks TLS to peer etcd.
-func (o Options) PeerEtcdTLSEnabled() bool {
-	return o.PeerEtcdCACert != "" || o.PeerEtcdCert != "" || o.PeerEtcdKey != ""
+func (c Config) PeerEtcdTLSEnabled() bool {
+	return c.PeerEtcdCACert != "" || c.PeerEtcdCert != "" || c.PeerEtcdKey != ""
+}
+
+// grpcConfig is what the gRPC service reads of c.
+func (c Config) grpcConfig() registrar.GRPCConfig {
+	return registrar.GRPCConfig{
+		Authorize:             c.AuthzEnabled(),
+		TrustDomain:           c.TrustDomain,
+		OperatorPrefix:        c.OperatorPrefix,
+		MaxWatchServices:      c.MaxWatchServices,
+		MaxStreamsPerIdentity: c.MaxStreamsPerIdentity,
+	}
 }
 
 // Listen defaults. Without TLS the registrar is unencrypted and
@@ -200,49 +168,32 @@ func DefaultListenAddrs(tls bool) (grpcAddr, httpAddr string) {
 	return DefaultGRPCAddr, DefaultHTTPAddr
 }
 
-// DefaultOptions returns the defaults the CLI flags show (the plaintext
-// listen addresses; see DefaultListenAddrs).
-func DefaultOptions() Options {
-	return Options{
+// DefaultConfig returns the defaults the CLI flags show (the plaintext
+// listen addresses, see DefaultListenAddrs; the replica's and the gRPC
+// service's defaults, see registrar.DefaultOptions and
+// registrar.DefaultGRPCConfig).
+func DefaultConfig() Config {
+	g := registrar.DefaultGRPCConfig()
+	return Config{
+		Options:               registrar.DefaultOptions(),
 		DataDir:               "./aether-data",
 		EmbeddedEtcdAddr:      "127.0.0.1:2379",
 		EmbeddedEtcdPeerAddr:  "127.0.0.1:2380",
 		GRPCAddr:              DefaultGRPCAddr,
 		HTTPAddr:              DefaultHTTPAddr,
-		ClusterName:           "default",
-		Region:                "default",
-		SyncMode:              SyncWatch,
-		SyncInterval:          5 * time.Second,
-		SyncDebounce:          200 * time.Millisecond,
-		WriteBatchInterval:    100 * time.Millisecond,
-		WriteBatchSize:        50,
-		WriteQueueLimit:       100000,
-		WatchHistory:          100000,
-		WatchBuffer:           4096,
-		ProgressInterval:      10 * time.Second,
-		NodeTTL:               30 * time.Second,
 		ReplicationLeaseTTL:   30 * time.Second,
 		TLSReloadInterval:     10 * time.Second,
 		MaxRecvMsgSize:        4 << 20,
-		MaxMetadataEntries:    registry.DefaultLimits.MaxMetadataEntries,
-		MaxMetadataBytes:      registry.DefaultLimits.MaxMetadataBytes,
-		MaxWatchServices:      1000,
-		MaxStreamsPerIdentity: 64,
-		MaxEndpointsPerNode:   1000,
+		MaxWatchServices:      g.MaxWatchServices,
+		MaxStreamsPerIdentity: g.MaxStreamsPerIdentity,
 	}
 }
 
-// limits returns the registry validation limits these options configure.
-func (o Options) limits() registry.Limits {
-	l := registry.DefaultLimits
-	l.MaxMetadataEntries = o.MaxMetadataEntries
-	l.MaxMetadataBytes = o.MaxMetadataBytes
-	return l
-}
-
-// withDefaults fills zero fields from DefaultOptions.
-func (o Options) withDefaults() Options {
-	d := DefaultOptions()
+// withDefaults fills the process's zero fields from DefaultConfig. The
+// replica's are left to registrar.New, which alone knows what an empty
+// SyncMode resolves to on its backend (Launch copies back the result).
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
 	set := func(p *string, v string) {
 		if *p == "" {
 			*p = v
@@ -258,121 +209,96 @@ func (o Options) withDefaults() Options {
 			*p = v
 		}
 	}
-	set(&o.DataDir, d.DataDir)
-	set(&o.EmbeddedEtcdAddr, d.EmbeddedEtcdAddr)
-	set(&o.EmbeddedEtcdPeerAddr, d.EmbeddedEtcdPeerAddr)
-	grpcAddr, httpAddr := DefaultListenAddrs(o.TLSEnabled())
-	set(&o.GRPCAddr, grpcAddr)
-	set(&o.HTTPAddr, httpAddr)
-	set(&o.ClusterName, d.ClusterName)
-	set(&o.Region, d.Region)
-	set(&o.SyncMode, d.SyncMode)
-	setD(&o.SyncInterval, d.SyncInterval)
-	setD(&o.SyncDebounce, d.SyncDebounce)
-	setD(&o.WriteBatchInterval, d.WriteBatchInterval)
-	setI(&o.WriteBatchSize, d.WriteBatchSize)
-	setI(&o.WriteQueueLimit, d.WriteQueueLimit)
-	setI(&o.WatchHistory, d.WatchHistory)
-	setI(&o.WatchBuffer, d.WatchBuffer)
-	setD(&o.ProgressInterval, d.ProgressInterval)
-	setD(&o.NodeTTL, d.NodeTTL)
-	setD(&o.ReplicationLeaseTTL, d.ReplicationLeaseTTL)
-	setD(&o.TLSReloadInterval, d.TLSReloadInterval)
-	setI(&o.MaxRecvMsgSize, d.MaxRecvMsgSize)
-	setI(&o.MaxMetadataEntries, d.MaxMetadataEntries)
-	setI(&o.MaxMetadataBytes, d.MaxMetadataBytes)
-	setI(&o.MaxWatchServices, d.MaxWatchServices)
-	setI(&o.MaxStreamsPerIdentity, d.MaxStreamsPerIdentity)
-	setI(&o.MaxEndpointsPerNode, d.MaxEndpointsPerNode)
-	if o.Logger == nil {
-		o.Logger = slog.Default()
+	set(&c.DataDir, d.DataDir)
+	set(&c.EmbeddedEtcdAddr, d.EmbeddedEtcdAddr)
+	set(&c.EmbeddedEtcdPeerAddr, d.EmbeddedEtcdPeerAddr)
+	grpcAddr, httpAddr := DefaultListenAddrs(c.TLSEnabled())
+	set(&c.GRPCAddr, grpcAddr)
+	set(&c.HTTPAddr, httpAddr)
+	setD(&c.ReplicationLeaseTTL, d.ReplicationLeaseTTL)
+	setD(&c.TLSReloadInterval, d.TLSReloadInterval)
+	setI(&c.MaxRecvMsgSize, d.MaxRecvMsgSize)
+	setI(&c.MaxWatchServices, d.MaxWatchServices)
+	setI(&c.MaxStreamsPerIdentity, d.MaxStreamsPerIdentity)
+	if c.Logger == nil {
+		c.Logger = slog.Default()
 	}
-	return o
+	return c
 }
 
-// Validate reports the first option that cannot work, naming the flag.
-func (o Options) Validate() error {
+// Validate reports the first option that cannot work, naming the flag:
+// the replica's first (registrar.Options.Validate), then the process's.
+func (c Config) Validate() error {
+	if err := c.Options.Validate(); err != nil {
+		return err
+	}
 	checks := []struct {
 		bad  bool
 		flag string
 		msg  string
 	}{
-		{o.SyncMode != "" && o.SyncMode != SyncWatch && o.SyncMode != SyncPoll, "--sync-mode", fmt.Sprintf("%q: use watch or poll", o.SyncMode)},
-		{o.SyncInterval < 0, "--sync-interval", "must be positive"},
-		{o.SyncDebounce < 0, "--sync-debounce", "must not be negative"},
-		{o.WriteBatchInterval < 0, "--write-batch-interval", "must be positive"},
-		{o.WriteBatchSize < 0, "--write-batch-size", "must be positive"},
-		{o.WriteQueueLimit < 0, "--write-queue-limit", "must be positive"},
-		{o.WatchHistory < 0, "--watch-history", "must be positive"},
-		{o.WatchBuffer < 0, "--watch-buffer", "must be positive"},
-		{o.ProgressInterval < 0, "--watch-progress-interval", "must be positive"},
-		{o.NodeTTL < 0, "--node-ttl", "must be positive"},
-		{o.NodeTTL > 0 && o.NodeTTL < 2*time.Second, "--node-ttl", "must be at least 2s (etcd leases count whole seconds)"},
-		{o.ReplicationLeaseTTL < 0, "--replication-lease-ttl", "must be positive"},
-		{o.ReplicationLeaseTTL > 0 && o.ReplicationLeaseTTL < 3*time.Second, "--replication-lease-ttl", "must be at least 3s (the replicator's election session must be shorter)"},
-		{o.MaxRecvMsgSize < 0, "--max-recv-msg-size", "must be positive"},
-		{o.MaxRecvMsgSize > 0 && o.MaxRecvMsgSize < 64<<10, "--max-recv-msg-size", "must be at least 65536 bytes (64 KiB), or a valid registration may not fit"},
-		{o.MaxMetadataEntries < 0, "--max-metadata-entries", "must be positive"},
-		{o.MaxMetadataBytes < 0, "--max-metadata-bytes", "must be positive"},
-		{o.MaxWatchServices < 0, "--max-watch-services", "must be positive"},
-		{o.MaxEndpointsPerNode < 0, "--max-endpoints-per-node", "must be positive"},
+		{c.ReplicationLeaseTTL < 0, "--replication-lease-ttl", "must be positive"},
+		{c.ReplicationLeaseTTL > 0 && c.ReplicationLeaseTTL < 3*time.Second, "--replication-lease-ttl", "must be at least 3s (the replicator's election session must be shorter)"},
+		{c.MaxRecvMsgSize < 0, "--max-recv-msg-size", "must be positive"},
+		{c.MaxRecvMsgSize > 0 && c.MaxRecvMsgSize < 64<<10, "--max-recv-msg-size", "must be at least 65536 bytes (64 KiB), or a valid registration may not fit"},
+		{c.MaxWatchServices < 0, "--max-watch-services", "must be positive"},
 	}
-	for _, c := range checks {
-		if c.bad {
-			return fmt.Errorf("%s %s", c.flag, c.msg)
+	for _, ch := range checks {
+		if ch.bad {
+			return fmt.Errorf("%s %s", ch.flag, ch.msg)
 		}
 	}
-	return o.validateSecurity()
+	return c.validateSecurity()
 }
 
 // validateSecurity checks the TLS, identity and etcd TLS options. Every
 // error names the flags and says how to fix them.
-func (o Options) validateSecurity() error {
+func (c Config) validateSecurity() error {
 	switch {
-	case o.TLSCertFile != "" && o.TLSKeyFile == "":
+	case c.TLSCertFile != "" && c.TLSKeyFile == "":
 		return fmt.Errorf("--tls-cert needs --tls-key: give the registrar's certificate and its private key together (or neither, for plaintext development mode)")
-	case o.TLSKeyFile != "" && o.TLSCertFile == "":
+	case c.TLSKeyFile != "" && c.TLSCertFile == "":
 		return fmt.Errorf("--tls-key needs --tls-cert: give the registrar's certificate and its private key together (or neither, for plaintext development mode)")
-	case o.TLSClientCAFile != "" && o.TLSCertFile == "":
+	case c.TLSClientCAFile != "" && c.TLSCertFile == "":
 		return fmt.Errorf("--tls-client-ca needs --tls-cert and --tls-key: client certificates can only be verified over TLS (aether certs issue --server HOST makes a pair)")
-	case o.TLSClientCAFile != "" && o.TrustDomain == "":
+	case c.TLSClientCAFile != "" && c.TrustDomain == "":
 		return fmt.Errorf("--tls-client-ca needs --trust-domain: client identities are SPIFFE IDs of one trust domain (the one given to aether certs init, e.g. --trust-domain example.org)")
-	case o.TrustDomain != "" && o.TLSClientCAFile == "":
+	case c.TrustDomain != "" && c.TLSClientCAFile == "":
 		return fmt.Errorf("--trust-domain is only used with --tls-client-ca: without a client CA no client is authenticated; add --tls-client-ca (the CA's ca.pem) or drop --trust-domain")
-	case o.OperatorPrefix != "" && o.TrustDomain == "":
+	case c.OperatorPrefix != "" && c.TrustDomain == "":
 		return fmt.Errorf("--operator-prefix needs --trust-domain and --tls-client-ca: operators are identified by their client certificates")
-	case o.TLSReloadInterval < 0:
+	case c.TLSReloadInterval < 0:
 		return fmt.Errorf("--tls-reload-interval must be positive")
 	}
-	if o.TrustDomain != "" {
-		if err := authz.ValidateTrustDomain(o.TrustDomain); err != nil {
+	if c.TrustDomain != "" {
+		if err := authz.ValidateTrustDomain(c.TrustDomain); err != nil {
 			return fmt.Errorf("--trust-domain: %v", err)
 		}
-		if _, err := authz.NormalizeOperatorPrefix(o.TrustDomain, o.OperatorPrefix); err != nil {
+		if _, err := authz.NormalizeOperatorPrefix(c.TrustDomain, c.OperatorPrefix); err != nil {
 			return fmt.Errorf("--operator-prefix: %v", err)
 		}
 	}
-	if o.EtcdTLSEnabled() {
+	if c.EtcdTLSEnabled() {
 		switch {
-		case (o.EtcdCert == "") != (o.EtcdKey == ""):
+		case (c.EtcdCert == "") != (c.EtcdKey == ""):
 			return fmt.Errorf("--etcd-cert and --etcd-key go together: give the registrar's etcd client certificate and its key, or neither")
-		case len(o.EtcdEndpoints) == 0:
+		case len(c.EtcdEndpoints) == 0:
 			return fmt.Errorf("--etcd-cacert, --etcd-cert and --etcd-key apply to an external etcd: add --etcd-endpoints https://HOST:2379 or drop them (the embedded etcd is reached over loopback)")
 		}
-		for _, ep := range o.EtcdEndpoints {
+		for _, ep := range c.EtcdEndpoints {
 			if strings.HasPrefix(strings.TrimSpace(ep), "http://") {
 				return fmt.Errorf("--etcd-endpoints %s is plaintext but etcd TLS is configured (--etcd-cacert/--etcd-cert/--etcd-key); use https://%s", ep, strings.TrimPrefix(strings.TrimSpace(ep), "http://"))
 			}
 		}
 	}
-	return o.validateEtcdTLS()
+	return c.validateEtcdTLS()
 }
 
 // validateEtcdTLS checks the embedded etcd's and the peer etcd TLS options.
-func (o Options) validateEtcdTLS() error {
+func (c Config) validateEtcdTLS() error {
 	pairs := []struct{ cert, key, ca, certFlag, keyFlag, caFlag string }{
-		{o.EmbeddedEtcdCert, o.EmbeddedEtcdKey, o.EmbeddedEtcdClientCA, "--embedded-etcd-cert", "--embedded-etcd-key", "--embedded-etcd-client-ca"},
-		{o.EmbeddedEtcdPeerCert, o.EmbeddedEtcdPeerKey, o.EmbeddedEtcdPeerCA, "--embedded-etcd-peer-cert", "--embedded-etcd-peer-key", "--embedded-etcd-peer-ca"},
+		{c.EmbeddedEtcdCert, c.EmbeddedEtcdKey, c.EmbeddedEtcdClientCA, "--embedded-etcd-cert", "--embedded-etcd-key", "--embedded-etcd-client-ca"},
+		{c.EmbeddedEtcdPeerCert, c.EmbeddedEtcdPeerKey, c.EmbeddedEtcdPeerCA, "--embedded-etcd-peer-cert", "--embedded-etcd-peer-key", "--embedded-etcd-peer-ca"},
 	}
 	for _, p := range pairs {
 		switch {
@@ -382,17 +308,17 @@ func (o Options) validateEtcdTLS() error {
 			return fmt.Errorf("%s needs %s and %s: certificates can only be required over TLS", p.caFlag, p.certFlag, p.keyFlag)
 		}
 	}
-	if o.EmbeddedEtcdTLSEnabled() && len(o.EtcdEndpoints) > 0 {
+	if c.EmbeddedEtcdTLSEnabled() && len(c.EtcdEndpoints) > 0 {
 		return fmt.Errorf("--embedded-etcd-cert, --embedded-etcd-key, --embedded-etcd-client-ca and --embedded-etcd-peer-* configure the embedded etcd, which does not run with --etcd-endpoints; drop them, or use --etcd-cacert/--etcd-cert/--etcd-key for the external etcd")
 	}
-	if o.PeerEtcdTLSEnabled() {
+	if c.PeerEtcdTLSEnabled() {
 		switch {
-		case (o.PeerEtcdCert == "") != (o.PeerEtcdKey == ""):
+		case (c.PeerEtcdCert == "") != (c.PeerEtcdKey == ""):
 			return fmt.Errorf("--peer-etcd-cert and --peer-etcd-key go together: give the replicator's client certificate for peer etcd and its key, or neither")
-		case len(o.PeerEtcd) == 0:
+		case len(c.PeerEtcd) == 0:
 			return fmt.Errorf("--peer-etcd-cacert, --peer-etcd-cert and --peer-etcd-key apply to peer regions' etcd: add --peer-etcd region=https://HOST:2379 or drop them")
 		}
-		for _, spec := range o.PeerEtcd {
+		for _, spec := range c.PeerEtcd {
 			_, eps, _ := strings.Cut(spec, "=")
 			for _, ep := range strings.Split(eps, ",") {
 				if ep = strings.TrimSpace(ep); strings.HasPrefix(ep, "http://") {
