@@ -203,7 +203,6 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 		peerClient = replicator.NewTLSPeerClient(peerTLS)
 	}
 
-
 	var grpcCreds []grpc.ServerOption
 	if opts.TLSEnabled() {
 		var cfg *tls.Config

@@ -1,4 +1,4 @@
-package registrar_test
+package server_test
 
 import (
 	"context"
