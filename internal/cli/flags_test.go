@@ -297,6 +297,24 @@ func TestRegistrarOptions(t *testing.T) {
 		}
 	})
 
+	t.Run("sync mode only when given", func(t *testing.T) {
+		t.Parallel()
+		// Left out, the registrar picks by its backend (watch on etcd,
+		// poll on a store without a change feed); given, it is passed on.
+		for _, c := range []struct {
+			args []string
+			want string
+		}{{nil, ""}, {[]string{"--sync-mode", "watch"}, registrar.SyncWatch}, {[]string{"--sync-mode", "poll"}, registrar.SyncPoll}} {
+			res := runCLI(t, nil, nil, append([]string{"registrar"}, c.args...)...)
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			if res.served.SyncMode != c.want {
+				t.Errorf("%v: SyncMode %q, want %q", c.args, res.served.SyncMode, c.want)
+			}
+		}
+	})
+
 	t.Run("etcd endpoints flag", func(t *testing.T) {
 		t.Parallel()
 		res := runCLI(t, nil, map[string]string{"AETHER_ETCD_ENDPOINTS": "http://env:2379"},

@@ -23,7 +23,7 @@ import (
 	"github.com/aethermesh/aether/server"
 )
 
-// Helpers for running CLI commands against a real registrar: registrar.Start
+// Helpers for running CLI commands against a real registrar: server.Start
 // over an etcdtest member, reached over a real gRPC socket.
 
 // The origin of the registrars the tests start, matching fixture().
