@@ -26,6 +26,7 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/pki"
 	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // countingProxy forwards TCP connections to a registrar and counts them,
@@ -149,7 +150,7 @@ func webEndpoint() *registryv1.ServiceEndpoint {
 // through heartbeats to the drain, deregistration and leave at shutdown.
 func TestAgentHoldsOneConnectionPerRegistrar(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	srv := regtest.Start(t, registrar.Options{EtcdEndpoints: etcd.Endpoints(), NodeTTL: 3 * time.Second})
+	srv := regtest.Start(t, server.Config{EtcdEndpoints: etcd.Endpoints(), Options: registrar.Options{NodeTTL: 3 * time.Second}})
 	proxy := startProxy(t, srv.GRPCAddr())
 	direct := regtest.Dial(t, srv.GRPCAddr())
 
@@ -233,9 +234,15 @@ func TestAgentRetriesUnauthenticatedLikeItsWrites(t *testing.T) {
 	// handshake and its trust domain is refused: UNAUTHENTICATED.
 	bundle := filepath.Join(dir, "bundle.pem")
 	copyFiles(t, bundle, ca, filepath.Join(foreign, pki.CACertFile))
-	srv := regtest.Start(t, registrar.Options{
-		EtcdEndpoints: etcd.Endpoints(), NodeTTL: 3 * time.Second,
-		TLSCertFile: srvCert.CertFile, TLSKeyFile: srvCert.KeyFile, TLSClientCAFile: bundle, TrustDomain: "example.org",
+	srv := regtest.Start(t, server.Config{
+		EtcdEndpoints:   etcd.Endpoints(),
+		TLSCertFile:     srvCert.CertFile,
+		TLSKeyFile:      srvCert.KeyFile,
+		TLSClientCAFile: bundle,
+		TrustDomain:     "example.org",
+		Options: registrar.Options{
+			NodeTTL: 3 * time.Second,
+		},
 	})
 	proxy := startProxy(t, srv.GRPCAddr())
 	opCfg, err := pki.ClientTLSConfig(ca, operator.CertFile, operator.KeyFile)

@@ -16,6 +16,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // env is one benchmark's world: an etcd and some registrars sharing it.
@@ -23,7 +24,7 @@ type env struct {
 	dir        string
 	etcd       *embedetcd.Server
 	cli        *clientv3.Client
-	registrars []*registrar.Server
+	registrars []*server.Server
 	conns      []*grpc.ClientConn
 }
 
@@ -50,16 +51,16 @@ func newEnv(ctx context.Context, replicas int, mut func(*registrar.Options)) (_ 
 		return nil, err
 	}
 	for i := 0; i < replicas; i++ {
-		o := registrar.Options{
+		o := server.Config{
 			EtcdEndpoints: e.etcd.Endpoints(),
 			GRPCAddr:      "127.0.0.1:0",
 			HTTPAddr:      "127.0.0.1:0",
-			Logger:        quiet,
+			Options:       registrar.Options{Logger: quiet},
 		}
 		if mut != nil {
-			mut(&o)
+			mut(&o.Options) // the workloads tune only the replica
 		}
-		s, err := registrar.Start(ctx, o)
+		s, err := server.Start(ctx, o)
 		if err != nil {
 			return nil, fmt.Errorf("starting registrar %d: %w", i, err)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // waitFor waits for a condition; see package wait.
@@ -46,7 +47,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // testRegistrar is a real registrar process on etcd; stop is idempotent and
 // also runs at cleanup.
 type testRegistrar struct {
-	*registrar.Server
+	*server.Server
 	once sync.Once
 }
 
@@ -76,27 +77,29 @@ func (r *testRegistrar) crash(t testing.TB) {
 // addr ("" for a free port); mut adjusts its options. A fixed address may
 // still be held by the previous incarnation's sockets for a moment, so
 // binding is retried.
-func startRegistrar(t testing.TB, etcd *etcdtest.Cluster, addr string, mut ...func(*registrar.Options)) *testRegistrar {
+func startRegistrar(t testing.TB, etcd *etcdtest.Cluster, addr string, mut ...func(*server.Config)) *testRegistrar {
 	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	o := registrar.Options{
+	o := server.Config{
 		EtcdEndpoints: etcd.Endpoints(),
 		GRPCAddr:      addr,
 		HTTPAddr:      "127.0.0.1:0",
-		ClusterName:   "c1",
-		Region:        "r1",
-		Logger:        quietLogger(),
+		Options: registrar.Options{
+			ClusterName: "c1",
+			Region:      "r1",
+			Logger:      quietLogger(),
+		},
 	}
 	for _, m := range mut {
 		m(&o)
 	}
-	var s *registrar.Server
+	var s *server.Server
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		var err error
-		s, err = registrar.Start(ctx, o)
+		s, err = server.Start(ctx, o)
 		cancel()
 		if err == nil {
 			break

@@ -12,8 +12,8 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // Node calls go to the registrar in use and, while it cannot be reached,
@@ -22,7 +22,7 @@ import (
 // is refused before anything is sent.
 func TestNodeCallsFailOverAndReportALapsedLease(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	r := startRegistrar(t, etcd, "", func(o *registrar.Options) { o.NodeTTL = 3 * time.Second })
+	r := startRegistrar(t, etcd, "", func(o *server.Config) { o.NodeTTL = 3 * time.Second })
 	// The first address has nothing behind it: a call made while the
 	// stream is still on it moves on to the next, one made after the
 	// stream moved starts there; either way it is answered.

@@ -13,14 +13,14 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // slowFlush makes a registrar persist the first write of a burst at once
 // (the flusher is leading-edge) and the rest only after an hour, so a crash
 // loses them: the acknowledged-but-not-persisted window, held open.
-func slowFlush(o *registrar.Options) { o.WriteBatchInterval = time.Hour }
+func slowFlush(o *server.Config) { o.WriteBatchInterval = time.Hour }
 
 // persisted counts the endpoints of r1/c1 in etcd.
 func persisted(t *testing.T, etcd *etcdtest.Cluster) int64 {

@@ -16,6 +16,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // cluster is the battery's control plane: one embedded etcd and two
@@ -24,9 +25,9 @@ import (
 type cluster struct {
 	dir   string
 	etcd  *embedetcd.Server
-	opts  registrar.Options // of both replicas, but for GRPCAddr
-	addrs [2]string         // A, B
-	regs  [2]*registrar.Server
+	opts  server.Config // of both replicas, but for GRPCAddr
+	addrs [2]string     // A, B
+	regs  [2]*server.Server
 	conns []*grpc.ClientConn
 }
 
@@ -52,14 +53,16 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	c.opts = registrar.Options{
+	c.opts = server.Config{
 		EtcdEndpoints: c.etcd.Endpoints(),
 		HTTPAddr:      "127.0.0.1:0",
-		ClusterName:   "c1",
-		Region:        "r1",
-		SyncMode:      cfg.SyncMode,
-		SyncInterval:  cfg.SyncInterval,
-		Logger:        cfg.Logger,
+		Options: registrar.Options{
+			ClusterName:  "c1",
+			Region:       "r1",
+			SyncMode:     cfg.SyncMode,
+			SyncInterval: cfg.SyncInterval,
+			Logger:       cfg.Logger,
+		},
 	}
 	for i := range c.addrs {
 		if c.addrs[i], err = freeAddr(); err != nil {
@@ -90,7 +93,7 @@ func (c *cluster) start(ctx context.Context, i int) error {
 	// retry briefly in case the kernel has not handed it back yet.
 	for range 50 {
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		c.regs[i], err = registrar.Start(sctx, o)
+		c.regs[i], err = server.Start(sctx, o)
 		cancel()
 		if err == nil || ctx.Err() != nil {
 			break

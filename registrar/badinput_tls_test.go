@@ -16,8 +16,8 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // badInputCase is one bad request and the exact status it must get.
@@ -267,7 +267,7 @@ func TestBadInputOverTLSWithAuthz(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	m := newMesh(t, "example.org")
-	srv, _ := startSecure(t, etcd, m, func(o *registrar.Options) { o.MaxWatchServices = 3 })
+	srv, _ := startSecure(t, etcd, m, func(o *server.Config) { o.MaxWatchServices = 3 })
 	op := tlsClient(t, srv.GRPCAddr(), m.ca, m, "operator-alice")
 	nodeA := tlsClient(t, srv.GRPCAddr(), m.ca, m, "node-node-a")
 

@@ -10,8 +10,8 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 func stripScheme(u string) string {
@@ -28,7 +28,7 @@ func TestCompactionDuringBrokenWatchResyncs(t *testing.T) {
 	t.Cleanup(func() { px.Close() })
 	// The poll backstop is pushed out of the way so only the watch's
 	// compaction handling can bring the registrar back in step.
-	s := startRegistrar(t, []string{"http://" + px.Addr()}, func(o *registrar.Options) {
+	s := startRegistrar(t, []string{"http://" + px.Addr()}, func(o *server.Config) {
 		o.SyncInterval = time.Hour
 		o.SyncDebounce = 10 * time.Millisecond
 	})

@@ -19,6 +19,7 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // The backstop re-list every --sync-interval asks etcd for keys and mod
@@ -115,14 +116,14 @@ func (b *digestBackend) diff(r *registrar.Registrar) string {
 // startPolling preloads the registry and starts a poll-mode registrar
 // over endpoints with a short sync interval, and checks that its start-up
 // listing read every value.
-func startPolling(t *testing.T, b *digestBackend, endpoints []string) (*registrar.Server, *recorder) {
+func startPolling(t *testing.T, b *digestBackend, endpoints []string) (*server.Server, *recorder) {
 	t.Helper()
 	var muts []etcdstore.Mutation
 	for i := 0; i < digestRegistrySize; i++ {
 		muts = append(muts, putEP(digestEP(i)))
 	}
 	b.apply(muts...)
-	s := startRegistrar(t, endpoints, func(o *registrar.Options) {
+	s := startRegistrar(t, endpoints, func(o *server.Config) {
 		o.SyncMode = registrar.SyncPoll
 		o.SyncInterval = 100 * time.Millisecond
 		o.SyncDebounce = 10 * time.Millisecond
@@ -138,7 +139,7 @@ func startPolling(t *testing.T, b *digestBackend, endpoints []string) (*registra
 }
 
 // waitBackstops waits for n more backstop listings to complete.
-func waitBackstops(t *testing.T, s *registrar.Server, n int) {
+func waitBackstops(t *testing.T, s *server.Server, n int) {
 	t.Helper()
 	from := metricValue(t, s.HTTPAddr(), syncsMetric)
 	waitFor(t, fmt.Sprintf("%d backstop listings", n), 10*time.Second, func() bool {
@@ -148,7 +149,7 @@ func waitBackstops(t *testing.T, s *registrar.Server, n int) {
 
 // wantFetched checks the fetched-values counter, and that it stays put
 // over a few more backstops with nothing changing.
-func wantFetched(t *testing.T, s *registrar.Server, want float64, what string) {
+func wantFetched(t *testing.T, s *server.Server, want float64, what string) {
 	t.Helper()
 	if got := metricValue(t, s.HTTPAddr(), fetchedMetric); got != want {
 		t.Fatalf("%s: %s = %v, want %v", what, fetchedMetric, got, want)
@@ -284,7 +285,7 @@ func TestBackstopDigestPollFullListingFallback(t *testing.T) {
 // 128 operations per transaction splits over several revisions.
 func TestBackstopDigestKnowsItsOwnFlushes(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) {
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
 		o.SyncMode = registrar.SyncPoll
 		o.SyncInterval = 100 * time.Millisecond
 		o.SyncDebounce = 10 * time.Millisecond

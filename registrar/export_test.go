@@ -3,20 +3,12 @@ package registrar
 import (
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
 // Accessors that only the tests need, compiled into the test binary alone so
 // the package's API carries nothing a caller could come to depend on.
-
-// EtcdClient is the registrar's etcd client.
-func (s *Server) EtcdClient() *clientv3.Client { return s.cli }
-
-// EtcdEndpoints are the client URLs of the etcd in use.
-func (s *Server) EtcdEndpoints() []string { return s.cli.Endpoints() }
 
 // pending is how many batches wait.
 func (w *watcher) pending() int {

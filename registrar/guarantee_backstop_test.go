@@ -10,7 +10,7 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/internal/testutil/watchcheck"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // B re-lists a registry of several thousand endpoints every 20 ms, in the
@@ -31,7 +31,7 @@ func TestGuaranteeBackstopListingBesideTheWatch(t *testing.T) {
 		foreignTxn(t, cli, eps...)
 	}
 	a := startRegistrar(t, etcd.Endpoints(), fastProgress)
-	b := startRegistrar(t, etcd.Endpoints(), fastProgress, func(o *registrar.Options) { o.SyncInterval = 20 * time.Millisecond })
+	b := startRegistrar(t, etcd.Endpoints(), fastProgress, func(o *server.Config) { o.SyncInterval = 20 * time.Millisecond })
 	ca, cb := dial(t, a.GRPCAddr()), dial(t, b.GRPCAddr())
 	refA, refB := reference(t, ca), reference(t, cb)
 	onB := filteredStreams(t, dial(t, b.GRPCAddr()), "B-")

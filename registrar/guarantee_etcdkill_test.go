@@ -9,7 +9,7 @@ import (
 	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/etcdcluster"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // A registrar on a three-member etcd cluster keeps every watch guarantee
@@ -60,7 +60,7 @@ func testEtcdMemberKilled(t *testing.T, onlyKill bool) {
 		endpoints = viaProxies[victim : victim+1]
 	}
 	cli := etcdtest.NewClient(t, cl.Endpoints()[(victim+1)%3]) // another cluster's writer, on a survivor
-	s := startRegistrar(t, endpoints, fastProgress, func(o *registrar.Options) {
+	s := startRegistrar(t, endpoints, fastProgress, func(o *server.Config) {
 		o.SyncInterval = time.Hour // the watch alone must carry other writers' changes
 	})
 	c := dial(t, s.GRPCAddr())

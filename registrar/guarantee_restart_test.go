@@ -21,6 +21,7 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/watchcheck"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // A registrar restarted on the same etcd (or the same data dir, with its
@@ -37,23 +38,23 @@ func TestGuaranteeRegistrarRestart(t *testing.T) {
 		embedded bool
 	}{{"ExternalEtcd", false}, {"EmbeddedEtcdSameDataDir", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			var opts func(*registrar.Options)
+			var opts func(*server.Config)
 			if tc.embedded {
 				dir := t.TempDir()
-				opts = func(o *registrar.Options) {
+				opts = func(o *server.Config) {
 					o.EtcdEndpoints, o.DataDir = nil, dir
 					o.EmbeddedEtcdAddr, o.EmbeddedEtcdPeerAddr = "127.0.0.1:0", "127.0.0.1:0"
 				}
 			} else {
 				etcd := etcdtest.Start(t)
-				opts = func(o *registrar.Options) { o.EtcdEndpoints = etcd.Endpoints() }
+				opts = func(o *server.Config) { o.EtcdEndpoints = etcd.Endpoints() }
 			}
 			testRestart(t, opts)
 		})
 	}
 }
 
-func testRestart(t *testing.T, backend func(*registrar.Options)) {
+func testRestart(t *testing.T, backend func(*server.Config)) {
 	addr := regtest.FreeAddr(t)
 	s1 := startAt(t, addr, backend)
 	c := dial(t, addr) // one connection across the restart, as a client has
@@ -200,16 +201,16 @@ func etcdDiff(t *testing.T, cli *clientv3.Client, want []*registryv1.ServiceEndp
 // startAt starts a registrar serving gRPC at addr (region r1, cluster c1),
 // retrying while the address is still held, e.g. by the previous
 // incarnation's sockets.
-func startAt(t *testing.T, addr string, mut ...func(*registrar.Options)) *registrar.Server {
+func startAt(t *testing.T, addr string, mut ...func(*server.Config)) *server.Server {
 	t.Helper()
-	o := registrar.Options{GRPCAddr: addr, HTTPAddr: "127.0.0.1:0", ClusterName: "c1", Region: "r1", Logger: quietLogger()}
+	o := server.Config{GRPCAddr: addr, HTTPAddr: "127.0.0.1:0", Options: registrar.Options{ClusterName: "c1", Region: "r1", Logger: quietLogger()}}
 	o.ProgressInterval = 50 * time.Millisecond
 	for _, m := range mut {
 		m(&o)
 	}
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		s, err := registrar.Start(ctx, o)
+		s, err := server.Start(ctx, o)
 		cancel()
 		if err == nil {
 			t.Cleanup(func() { closeServer(t, s) })
@@ -224,7 +225,7 @@ func startAt(t *testing.T, addr string, mut ...func(*registrar.Options)) *regist
 
 // closeServer shuts a registrar down gracefully (a second call does
 // nothing).
-func closeServer(t *testing.T, s *registrar.Server) {
+func closeServer(t *testing.T, s *server.Server) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Close(ctx); err != nil {

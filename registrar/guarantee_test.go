@@ -18,8 +18,8 @@ import (
 	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/internal/testutil/watchcheck"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // The tests here run real registrars under faults and hand every stream's
@@ -265,11 +265,11 @@ func foreignEP(svc, ip string) *registryv1.ServiceEndpoint {
 		Ports: []*registryv1.Port{{Name: "http", Port: 80}}, Region: "r1", Cluster: "c2", State: registryv1.State_STATE_SERVING, Weight: 1}
 }
 
-func fastProgress(o *registrar.Options) { o.ProgressInterval = 50 * time.Millisecond }
+func fastProgress(o *server.Config) { o.ProgressInterval = 50 * time.Millisecond }
 
 func TestGuaranteeSlowConsumerEvictedAndResumed(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), fastProgress, func(o *registrar.Options) { o.WatchBuffer = 512 })
+	s := startRegistrar(t, etcd.Endpoints(), fastProgress, func(o *server.Config) { o.WatchBuffer = 512 })
 	c := dial(t, s.GRPCAddr())
 	slowConn := dial(t, s.GRPCAddr(), grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
 	ref := reference(t, c)
@@ -369,7 +369,7 @@ func TestGuaranteeCompactionWhileWatchBroken(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { px.Close() })
-	s := startRegistrar(t, []string{"http://" + px.Addr()}, fastProgress, func(o *registrar.Options) {
+	s := startRegistrar(t, []string{"http://" + px.Addr()}, fastProgress, func(o *server.Config) {
 		o.SyncInterval = time.Hour // only the watch's compaction handling may resync
 		o.SyncDebounce = 10 * time.Millisecond
 	})

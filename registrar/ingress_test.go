@@ -20,8 +20,8 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // The tests here talk to a real registrar over real etcd the way a hostile
@@ -191,7 +191,7 @@ const flushInterval = 250 * time.Millisecond
 func TestIngressUnknownFieldsAreDropped(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.WriteBatchInterval = flushInterval })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.WriteBatchInterval = flushInterval })
 	raw := dialRaw(t, s.GRPCAddr())
 	c := dial(t, s.GRPCAddr())
 
@@ -275,7 +275,7 @@ func TestIngressOversizedKnownFieldsAreRefused(t *testing.T) {
 	cli := etcd.Client(t)
 	// Metadata limits raised far beyond the byte bound: the bound still
 	// holds, because it comes from what a backend transaction carries.
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) {
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
 		o.WriteBatchInterval = flushInterval
 		o.MaxMetadataEntries, o.MaxMetadataBytes = 1000, 1<<20
 	})
@@ -325,7 +325,7 @@ func TestIngressEndpointsAtTheBoundPersistInFullBatches(t *testing.T) {
 	// the flush after the first (leading-edge) one runs, and no early
 	// flush by count: the batch is as large as it gets.
 	const interval = time.Second
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) {
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
 		o.WriteBatchInterval, o.WriteBatchSize = interval, 100000
 		o.MaxMetadataEntries, o.MaxMetadataBytes = 1000, 1<<20
 	})
@@ -372,7 +372,7 @@ func TestIngressEndpointsAtTheBoundPersistInFullBatches(t *testing.T) {
 func TestIngressMalformedMessagesAreInvalidArgument(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.WriteBatchInterval = flushInterval })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.WriteBatchInterval = flushInterval })
 	raw := dialRaw(t, s.GRPCAddr())
 	c := dial(t, s.GRPCAddr())
 	malformed := func() float64 {

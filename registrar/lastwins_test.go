@@ -20,8 +20,8 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // Last acknowledged wins, across replicas. Two registrars on one etcd each
@@ -83,7 +83,7 @@ func lwDescribe(e *registryv1.ServiceEndpoint) string {
 type lwRig struct {
 	t    *testing.T
 	etcd *etcdtest.Cluster
-	srv  [2]*registrar.Server
+	srv  [2]*server.Server
 	c    [2]registrarv1.RegistrarClient
 	eps  []*registryv1.ServiceEndpoint // the endpoints under test (identity and ports)
 	seq  atomic.Int64
@@ -94,7 +94,7 @@ type lwRig struct {
 
 func newLWRig(t *testing.T, service string, n int, interval time.Duration) *lwRig {
 	etcd := etcdtest.Start(t)
-	slow := func(o *registrar.Options) { o.WriteBatchInterval = interval }
+	slow := func(o *server.Config) { o.WriteBatchInterval = interval }
 	g := &lwRig{t: t, etcd: etcd, log: make([][]lwWrite, n)}
 	for i := range g.srv {
 		g.srv[i] = startRegistrar(t, etcd.Endpoints(), slow)

@@ -14,7 +14,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // settled proves a refused write left no trace: a marker written afterwards
@@ -39,7 +39,7 @@ func settled(t *testing.T, c registrarv1.RegistrarClient, cli *clientv3.Client, 
 func TestLimitMaxRecvMsgSize(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.MaxRecvMsgSize = 64 << 10 })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.MaxRecvMsgSize = 64 << 10 })
 	c := dial(t, s.GRPCAddr())
 
 	big := ep("web", "10.0.0.1", 80)
@@ -57,7 +57,7 @@ func TestLimitMaxRecvMsgSize(t *testing.T) {
 func TestLimitMetadata(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) {
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
 		o.MaxMetadataEntries = 4
 		o.MaxMetadataBytes = 200
 	})
@@ -114,7 +114,7 @@ func subscribe(t *testing.T, c registrarv1.RegistrarClient, services ...string) 
 
 func TestLimitMaxWatchServices(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.MaxWatchServices = 3 })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.MaxWatchServices = 3 })
 	c := dial(t, s.GRPCAddr())
 	register(t, c, ep("d", "10.0.0.4", 80))
 
@@ -164,7 +164,7 @@ func TestLimitMaxWatchServices(t *testing.T) {
 
 func TestLimitMaxStreamsPerIdentityPlaintext(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.MaxStreamsPerIdentity = 2 })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.MaxStreamsPerIdentity = 2 })
 	c := dial(t, s.GRPCAddr())
 
 	// Streams that end on an error path release their slot: a refused
@@ -218,7 +218,7 @@ func TestLimitMaxStreamsPerIdentityPlaintext(t *testing.T) {
 func TestLimitMaxStreamsPerIdentityMTLS(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	m := newMesh(t, "example.org")
-	srv, _ := startSecure(t, etcd, m, func(o *registrar.Options) { o.MaxStreamsPerIdentity = 1 })
+	srv, _ := startSecure(t, etcd, m, func(o *server.Config) { o.MaxStreamsPerIdentity = 1 })
 	nodeA := tlsClient(t, srv.GRPCAddr(), m.ca, m, "node-node-a")
 	op := tlsClient(t, srv.GRPCAddr(), m.ca, m, "operator-alice")
 
@@ -236,7 +236,7 @@ func TestLimitMaxStreamsPerIdentityMTLS(t *testing.T) {
 func TestLimitMaxEndpointsPerNode(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.MaxEndpointsPerNode = 2 })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.MaxEndpointsPerNode = 2 })
 	c := dial(t, s.GRPCAddr())
 	w := watch(t, c, &registrarv1.WatchEndpointsRequest{})
 	w.waitSnapshot(t)

@@ -12,8 +12,8 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 func announce(t testing.TB, c registrarv1.RegistrarClient, name string) *registrarv1.AnnounceNodeResponse {
@@ -45,8 +45,8 @@ func TestNodeLeaseLapseRemovesNodeAndItsEndpoints(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	ttl := 2 * time.Second
-	a := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.NodeTTL = ttl })
-	b := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.NodeTTL = ttl })
+	a := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.NodeTTL = ttl })
+	b := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.NodeTTL = ttl })
 	ca, cb := dial(t, a.GRPCAddr()), dial(t, b.GRPCAddr())
 
 	resp := announce(t, ca, "n1")
@@ -135,7 +135,7 @@ func TestSweepNeverTouchesAnotherCluster(t *testing.T) {
 		}
 		foreign = append(foreign, k)
 	}
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.NodeTTL = 2 * time.Second })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.NodeTTL = 2 * time.Second })
 	c := dial(t, s.GRPCAddr())
 	// And one of its own cluster on a node that never announced.
 	own := ep("web", "10.0.0.1", 80)

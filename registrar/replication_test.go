@@ -9,6 +9,7 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // Two regions, each with its own etcd and a registrar hosting the
@@ -16,8 +17,8 @@ import (
 // the mirror, and removals follow.
 func TestTwoRegionsSeeEachOther(t *testing.T) {
 	ea, eb := etcdtest.Start(t), etcdtest.Start(t)
-	region := func(name, peer string, peerEtcd *etcdtest.Cluster) func(*registrar.Options) {
-		return func(o *registrar.Options) {
+	region := func(name, peer string, peerEtcd *etcdtest.Cluster) func(*server.Config) {
+		return func(o *server.Config) {
 			o.Region = name
 			o.PeerEtcd = []string{peer + "=" + peerEtcd.Endpoints()[0]}
 			o.ReplicationLeaseTTL = 3 * time.Second
@@ -74,7 +75,7 @@ func TestTwoRegionsSeeEachOther(t *testing.T) {
 	waitFor(t, "B's watcher sees the removal", 15*time.Second, func() bool { return wb.has("REMOVED web 10.0.0.1") })
 
 	// Without --peer-etcd, status says replication is off.
-	solo := startRegistrar(t, ea.Endpoints(), func(o *registrar.Options) { o.Region = "ra" })
+	solo := startRegistrar(t, ea.Endpoints(), func(o *server.Config) { o.Region = "ra" })
 	if st, err := dial(t, solo.GRPCAddr()).ReplicationStatus(ctx, &registrarv1.ReplicationStatusRequest{}); err != nil || st.Enabled {
 		t.Fatalf("status without peers: %v, %v", st, err)
 	}
@@ -82,9 +83,15 @@ func TestTwoRegionsSeeEachOther(t *testing.T) {
 
 func TestPeerEtcdFlagErrors(t *testing.T) {
 	for _, spec := range []string{"", "rb", "=http://x:2379", "r1=http://x:2379", "a/b=http://x:2379"} {
-		_, err := registrar.Start(context.Background(), registrar.Options{
-			Region: "r1", PeerEtcd: []string{spec}, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: quietLogger(),
+		_, err := server.Start(context.Background(), server.Config{
+			PeerEtcd:      []string{spec},
+			GRPCAddr:      "127.0.0.1:0",
+			HTTPAddr:      "127.0.0.1:0",
 			EtcdEndpoints: []string{"http://127.0.0.1:1"},
+			Options: registrar.Options{
+				Region: "r1",
+				Logger: quietLogger(),
+			},
 		})
 		if err == nil {
 			t.Errorf("--peer-etcd %q accepted", spec)

@@ -29,7 +29,7 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/pki"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // mesh is a development CA with the certificates the security tests use,
@@ -70,10 +70,10 @@ func (m *mesh) issue(t *testing.T, kind pki.Kind, name string) {
 }
 
 // startSecure starts a registrar over etcd with mTLS and authz on.
-func startSecure(t *testing.T, etcd *etcdtest.Cluster, m *mesh, mut ...func(*registrar.Options)) (*registrar.Server, *logbuf.Buffer) {
+func startSecure(t *testing.T, etcd *etcdtest.Cluster, m *mesh, mut ...func(*server.Config)) (*server.Server, *logbuf.Buffer) {
 	t.Helper()
 	logs := &logbuf.Buffer{}
-	return startRegistrar(t, etcd.Endpoints(), append([]func(*registrar.Options){func(o *registrar.Options) {
+	return startRegistrar(t, etcd.Endpoints(), append([]func(*server.Config){func(o *server.Config) {
 		o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = m.serverCert, m.srvKey, m.ca
 		o.TrustDomain = "example.org"
 		o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -193,7 +193,7 @@ func TestMTLSForeignTrustDomainRejected(t *testing.T) {
 	if err := os.WriteFile(bundle, append(a, b...), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv, logs := startSecure(t, etcd, m, func(o *registrar.Options) { o.TLSClientCAFile = bundle })
+	srv, logs := startSecure(t, etcd, m, func(o *server.Config) { o.TLSClientCAFile = bundle })
 	m.certs["foreign-node-a"] = foreign.certs["node-node-a"]
 	c := tlsClient(t, srv.GRPCAddr(), m.ca, m, "foreign-node-a")
 
@@ -345,7 +345,7 @@ func wantLogLine(t *testing.T, logs string, parts ...string) {
 func TestTLSCertReloadWithoutRestart(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	m := newMesh(t, "example.org")
-	srv, _ := startSecure(t, etcd, m, func(o *registrar.Options) { o.TLSReloadInterval = 50 * time.Millisecond })
+	srv, _ := startSecure(t, etcd, m, func(o *server.Config) { o.TLSReloadInterval = 50 * time.Millisecond })
 
 	serial := func() string {
 		t.Helper()
@@ -394,7 +394,7 @@ func leafSerial(t *testing.T, file string) string {
 func TestPlaintextWarnsAndAllowsAll(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	logs := &logbuf.Buffer{}
-	srv := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) {
+	srv := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
 		o.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	})
 	if !strings.Contains(logs.String(), "level=WARN msg=\"PLAINTEXT: no --tls-cert/--tls-key") {
@@ -408,19 +408,19 @@ func TestPlaintextWarnsAndAllowsAll(t *testing.T) {
 
 func TestSecurityOptionsValidate(t *testing.T) {
 	cases := []struct {
-		o    registrar.Options
+		o    server.Config
 		want string
 	}{
-		{registrar.Options{TLSCertFile: "c"}, "--tls-cert needs --tls-key"},
-		{registrar.Options{TLSKeyFile: "k"}, "--tls-key needs --tls-cert"},
-		{registrar.Options{TLSClientCAFile: "ca"}, "--tls-client-ca needs --tls-cert and --tls-key"},
-		{registrar.Options{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca"}, "--tls-client-ca needs --trust-domain"},
-		{registrar.Options{TLSCertFile: "c", TLSKeyFile: "k", TrustDomain: "example.org"}, "--trust-domain is only used with --tls-client-ca"},
-		{registrar.Options{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca", TrustDomain: "Example.org"}, "--trust-domain: trust domain \"Example.org\" must be lowercase"},
-		{registrar.Options{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca", TrustDomain: "example.org", OperatorPrefix: "spiffe://example.org/node/"}, "--operator-prefix"},
-		{registrar.Options{EtcdCert: "c"}, "--etcd-cert and --etcd-key go together"},
-		{registrar.Options{EtcdCACert: "ca"}, "add --etcd-endpoints https://"},
-		{registrar.Options{EtcdCACert: "ca", EtcdEndpoints: []string{"http://e:2379"}}, "use https://e:2379"},
+		{server.Config{TLSCertFile: "c"}, "--tls-cert needs --tls-key"},
+		{server.Config{TLSKeyFile: "k"}, "--tls-key needs --tls-cert"},
+		{server.Config{TLSClientCAFile: "ca"}, "--tls-client-ca needs --tls-cert and --tls-key"},
+		{server.Config{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca"}, "--tls-client-ca needs --trust-domain"},
+		{server.Config{TLSCertFile: "c", TLSKeyFile: "k", TrustDomain: "example.org"}, "--trust-domain is only used with --tls-client-ca"},
+		{server.Config{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca", TrustDomain: "Example.org"}, "--trust-domain: trust domain \"Example.org\" must be lowercase"},
+		{server.Config{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca", TrustDomain: "example.org", OperatorPrefix: "spiffe://example.org/node/"}, "--operator-prefix"},
+		{server.Config{EtcdCert: "c"}, "--etcd-cert and --etcd-key go together"},
+		{server.Config{EtcdCACert: "ca"}, "add --etcd-endpoints https://"},
+		{server.Config{EtcdCACert: "ca", EtcdEndpoints: []string{"http://e:2379"}}, "use https://e:2379"},
 	}
 	for _, c := range cases {
 		err := c.o.Validate()
@@ -428,7 +428,7 @@ func TestSecurityOptionsValidate(t *testing.T) {
 			t.Errorf("%+v: got %v, want %q", c.o, err, c.want)
 		}
 	}
-	ok := registrar.Options{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca", TrustDomain: "example.org", EtcdEndpoints: []string{"https://e:2379"}, EtcdCACert: "ca"}
+	ok := server.Config{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca", TrustDomain: "example.org", EtcdEndpoints: []string{"https://e:2379"}, EtcdCACert: "ca"}
 	if err := ok.Validate(); err != nil {
 		t.Errorf("valid options: %v", err)
 	}
@@ -489,7 +489,7 @@ func TestRegistrarTalksTLSToEtcd(t *testing.T) {
 	cancel()
 
 	pair := m.certs["server-registrar-1"]
-	srv := startRegistrar(t, []string{endpoint}, func(o *registrar.Options) {
+	srv := startRegistrar(t, []string{endpoint}, func(o *server.Config) {
 		o.EtcdCACert, o.EtcdCert, o.EtcdKey = m.ca, pair[0], pair[1]
 	})
 	e := nodeEP("web", "10.0.0.1", "node-a")

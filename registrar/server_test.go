@@ -20,6 +20,7 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // waitFor waits for a condition; see package wait.
@@ -30,9 +31,9 @@ var (
 	dial        = regtest.Dial
 )
 
-func startRegistrar(t testing.TB, endpoints []string, mut ...func(*registrar.Options)) *registrar.Server {
+func startRegistrar(t testing.TB, endpoints []string, mut ...func(*server.Config)) *server.Server {
 	t.Helper()
-	o := registrar.Options{EtcdEndpoints: endpoints, ClusterName: "c1", Region: "r1"}
+	o := server.Config{EtcdEndpoints: endpoints, Options: registrar.Options{ClusterName: "c1", Region: "r1"}}
 	for _, m := range mut {
 		m(&o)
 	}
@@ -305,7 +306,7 @@ func TestCrossReplica(t *testing.T) {
 
 func TestRestartOnSameDataDirServesSameEndpoints(t *testing.T) {
 	dir := t.TempDir()
-	embedded := func(o *registrar.Options) {
+	embedded := func(o *server.Config) {
 		o.EtcdEndpoints = nil
 		o.DataDir = dir
 		o.EmbeddedEtcdAddr = "127.0.0.1:0"
@@ -313,9 +314,9 @@ func TestRestartOnSameDataDirServesSameEndpoints(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	o := registrar.Options{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", ClusterName: "c1", Region: "r1", Logger: quietLogger()}
+	o := server.Config{GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Options: registrar.Options{ClusterName: "c1", Region: "r1", Logger: quietLogger()}}
 	embedded(&o)
-	s, err := registrar.Start(ctx, o)
+	s, err := server.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 func TestWatchIsDemandScoped(t *testing.T) {
@@ -53,7 +53,7 @@ func TestWatchIsDemandScoped(t *testing.T) {
 
 func TestResumeInsideAndOutsideWindow(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.WatchHistory = 8 })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.WatchHistory = 8 })
 	c := dial(t, s.GRPCAddr())
 	register(t, c, ep("web", "10.0.0.1", 80))
 	w := watch(t, c, &registrarv1.WatchEndpointsRequest{Services: []string{"web"}})
@@ -102,7 +102,7 @@ func TestResumeInsideAndOutsideWindow(t *testing.T) {
 
 func TestSlowConsumerIsCutOffAndResumes(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) {
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
 		o.WatchBuffer = 256
 		o.MaxEndpointsPerNode = 1 << 20 // many endpoints, all of node n1
 	})
@@ -183,7 +183,7 @@ func TestSlowConsumerIsCutOffAndResumes(t *testing.T) {
 
 func TestIdleStreamsGetBookmarks(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.ProgressInterval = 50 * time.Millisecond })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.ProgressInterval = 50 * time.Millisecond })
 	c := dial(t, s.GRPCAddr())
 	register(t, c, ep("web", "10.0.0.1", 80))
 	w := watch(t, c, &registrarv1.WatchEndpointsRequest{Services: []string{"db"}})
@@ -210,7 +210,7 @@ func TestIdleStreamsGetBookmarks(t *testing.T) {
 
 func TestLargeSnapshotIsChunked(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.MaxEndpointsPerNode = 1 << 20 }) // 2500 endpoints of node n1
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.MaxEndpointsPerNode = 1 << 20 }) // 2500 endpoints of node n1
 	c := dial(t, s.GRPCAddr())
 	for i := 0; i < 2500; i++ {
 		register(t, c, ep("web", fmt.Sprintf("10.1.%d.%d", i/250, i%250+1), 80))

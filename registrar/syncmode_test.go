@@ -10,6 +10,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 func TestSyncModeValidate(t *testing.T) {
@@ -50,7 +51,7 @@ func TestPollModeLearnsOnlyFromTheRelist(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	base := etcdWatchers(t, etcd)
-	poll := func(o *registrar.Options) { o.SyncMode = registrar.SyncPoll; o.SyncInterval = interval }
+	poll := func(o *server.Config) { o.SyncMode = registrar.SyncPoll; o.SyncInterval = interval }
 	a := startRegistrar(t, etcd.Endpoints(), poll)
 	b := startRegistrar(t, etcd.Endpoints(), poll)
 	ca := dial(t, a.GRPCAddr())
@@ -100,7 +101,7 @@ func TestPollModeLearnsOnlyFromTheRelist(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := registrar.Start(ctx, registrar.Options{EtcdEndpoints: etcd.Endpoints(), GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", SyncMode: "push"}); err == nil || !strings.Contains(err.Error(), "--sync-mode") {
+	if _, err := server.Start(ctx, server.Config{EtcdEndpoints: etcd.Endpoints(), GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Options: registrar.Options{SyncMode: "push"}}); err == nil || !strings.Contains(err.Error(), "--sync-mode") {
 		t.Fatalf("Start with SyncMode push: %v, want an error naming --sync-mode", err)
 	}
 }

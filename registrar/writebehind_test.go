@@ -18,7 +18,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // A sync that lists etcd before a local write is flushed must not revert
@@ -28,7 +28,7 @@ import (
 func TestUnflushedWritesSurviveSync(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) {
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
 		o.WriteBatchInterval = time.Hour
 		o.WriteBatchSize = 1000
 		o.SyncInterval = 50 * time.Millisecond
@@ -65,7 +65,7 @@ func TestUnflushedWritesSurviveSync(t *testing.T) {
 // and everything acknowledged before is persisted once it is back.
 func TestWriteQueueLimitRefusesWholeRequests(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.WriteQueueLimit = 5 })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.WriteQueueLimit = 5 })
 	c := dial(t, s.GRPCAddr())
 	etcd.Stop()
 	for i := 1; i <= 5; i++ {
@@ -99,7 +99,7 @@ func TestWriteQueueLimitRefusesWholeRequests(t *testing.T) {
 
 func TestEnablePprofServesProfiles(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.EnablePprof = true })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.EnablePprof = true })
 	for path, want := range map[string]string{
 		"/debug/pprof/":                  "goroutine",
 		"/debug/pprof/goroutine?debug=1": "goroutine profile: total",

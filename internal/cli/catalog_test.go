@@ -9,7 +9,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // catalogRow is one default or validation rule of the command line, run
@@ -33,7 +33,7 @@ type catalogRow struct {
 // endpoint bound to a node that has no live record. Rows that must fail
 // before any connection run against a sentinel that counts connections.
 func TestDefaultsCatalog(t *testing.T) {
-	served := func(want func(o registrar.Options) string) func(*testing.T, result) {
+	served := func(want func(o server.Config) string) func(*testing.T, result) {
 		return func(t *testing.T, res result) {
 			if res.served == nil {
 				t.Fatal("Serve was not called")
@@ -44,7 +44,7 @@ func TestDefaultsCatalog(t *testing.T) {
 		}
 	}
 	listen := func(grpcAddr, httpAddr string) func(*testing.T, result) {
-		return served(func(o registrar.Options) string {
+		return served(func(o server.Config) string {
 			if o.GRPCAddr != grpcAddr || o.HTTPAddr != httpAddr {
 				return "listening on " + o.GRPCAddr + " and " + o.HTTPAddr + ", want " + grpcAddr + " and " + httpAddr
 			}
@@ -85,7 +85,7 @@ func TestDefaultsCatalog(t *testing.T) {
 		{rule: "zero --max-watch-services", args: []string{"registrar", "--max-watch-services", "0"}, err: "--max-watch-services 0: must be positive"},
 		{rule: "zero --max-endpoints-per-node", args: []string{"registrar", "--max-endpoints-per-node", "0"}, err: "--max-endpoints-per-node 0: must be positive"},
 		{rule: "--max-streams-per-identity 0 is documented: unlimited", args: []string{"registrar", "--max-streams-per-identity", "0"},
-			check: served(func(o registrar.Options) string {
+			check: served(func(o server.Config) string {
 				if o.MaxStreamsPerIdentity != -1 {
 					return "MaxStreamsPerIdentity is not -1 (unlimited)"
 				}

@@ -15,7 +15,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 func TestUnreachableRegistrar(t *testing.T) {
@@ -313,7 +313,7 @@ func TestWatchAgainstRegistrar(t *testing.T) {
 		t.Parallel()
 		// A registrar that keeps few messages for a stream: a client that
 		// stops reading is evicted soon.
-		r := startRegistrar(t, etcd, func(o *registrar.Options) { o.WatchBuffer = 8 })
+		r := startRegistrar(t, etcd, func(o *server.Config) { o.WatchBuffer = 8 })
 		w := startCLI(t, nil, "watch", "--registrar", r.addr(), "--service", "bulk")
 		w.waitOutput(t, "the snapshot", func(s string) bool { return strings.HasPrefix(s, "SNAPSHOT 0 endpoints v=") })
 		if n := r.metric(t, "registrar_connected_agents"); n != 1 {

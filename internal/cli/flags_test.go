@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // TestFlagErrors checks that bad flags and environment values fail with a
@@ -142,8 +143,9 @@ func TestRegistrarFlagErrors(t *testing.T) {
 }
 
 // TestRegistrarOptions checks that flags and environment map 1:1 onto
-// registrar.Options, that the defaults are registrar.DefaultOptions and
-// that a flag wins over the environment.
+// server.Config, that the defaults are server.DefaultConfig (but for the
+// sync mode, left to the registrar unless given) and that a flag wins over
+// the environment.
 func TestRegistrarOptions(t *testing.T) {
 	t.Parallel()
 
@@ -158,7 +160,8 @@ func TestRegistrarOptions(t *testing.T) {
 			t.Error("Logger not set")
 		}
 		got.Logger = nil
-		want := registrar.DefaultOptions()
+		want := server.DefaultConfig()
+		want.SyncMode = "" // the registrar picks it by its backend's capabilities
 		if !optionsEqual(got, want) {
 			t.Errorf("options\n got %+v\nwant %+v", got, want)
 		}
@@ -204,35 +207,37 @@ func TestRegistrarOptions(t *testing.T) {
 			t.Error("Logger missing or not at debug level")
 		}
 		got.Logger = nil
-		want := registrar.Options{
+		want := server.Config{
 			EtcdEndpoints:         []string{"http://e1:2379", "http://e2:2379"},
 			DataDir:               "/var/lib/aether",
 			EmbeddedEtcdAddr:      "127.0.0.1:12379",
 			EmbeddedEtcdPeerAddr:  "127.0.0.1:12380",
 			GRPCAddr:              ":19443",
 			HTTPAddr:              ":18081",
-			ClusterName:           "c1",
-			Region:                "eu-west",
-			Zone:                  "eu-west-1a",
-			SyncMode:              registrar.SyncPoll,
-			SyncInterval:          30 * time.Second,
-			SyncDebounce:          time.Second,
-			WriteBatchInterval:    50 * time.Millisecond,
-			WriteBatchSize:        10,
-			WriteQueueLimit:       20,
-			WatchHistory:          30,
-			WatchBuffer:           40,
-			ProgressInterval:      2 * time.Second,
-			NodeTTL:               45 * time.Second,
 			PeerEtcd:              []string{"us-east=http://p1:2379,http://p2:2379", "ap-south=http://p3:2379"},
 			ReplicationLeaseTTL:   10 * time.Second,
 			TLSReloadInterval:     10 * time.Second, // the flag's default
 			MaxRecvMsgSize:        1 << 20,
-			MaxMetadataEntries:    8,
-			MaxMetadataBytes:      512,
-			MaxWatchServices:      50,
 			MaxStreamsPerIdentity: 3,
-			MaxEndpointsPerNode:   7,
+			Options: registrar.Options{
+				Zone:                "eu-west-1a",
+				MaxWatchServices:    50,
+				ClusterName:         "c1",
+				Region:              "eu-west",
+				SyncMode:            registrar.SyncPoll,
+				SyncInterval:        30 * time.Second,
+				SyncDebounce:        time.Second,
+				WriteBatchInterval:  50 * time.Millisecond,
+				WriteBatchSize:      10,
+				WriteQueueLimit:     20,
+				WatchHistory:        30,
+				WatchBuffer:         40,
+				ProgressInterval:    2 * time.Second,
+				NodeTTL:             45 * time.Second,
+				MaxMetadataEntries:  8,
+				MaxMetadataBytes:    512,
+				MaxEndpointsPerNode: 7,
+			},
 		}
 		if !optionsEqual(got, want) {
 			t.Errorf("options\n got %+v\nwant %+v", got, want)
@@ -292,6 +297,24 @@ func TestRegistrarOptions(t *testing.T) {
 		}
 	})
 
+	t.Run("sync mode only when given", func(t *testing.T) {
+		t.Parallel()
+		// Left out, the registrar picks by its backend (watch on etcd,
+		// poll on a store without a change feed); given, it is passed on.
+		for _, c := range []struct {
+			args []string
+			want string
+		}{{nil, ""}, {[]string{"--sync-mode", "watch"}, registrar.SyncWatch}, {[]string{"--sync-mode", "poll"}, registrar.SyncPoll}} {
+			res := runCLI(t, nil, nil, append([]string{"registrar"}, c.args...)...)
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			if res.served.SyncMode != c.want {
+				t.Errorf("%v: SyncMode %q, want %q", c.args, res.served.SyncMode, c.want)
+			}
+		}
+	})
+
 	t.Run("etcd endpoints flag", func(t *testing.T) {
 		t.Parallel()
 		res := runCLI(t, nil, map[string]string{"AETHER_ETCD_ENDPOINTS": "http://env:2379"},
@@ -306,7 +329,7 @@ func TestRegistrarOptions(t *testing.T) {
 }
 
 // optionsEqual compares options, ignoring the logger.
-func optionsEqual(a, b registrar.Options) bool {
+func optionsEqual(a, b server.Config) bool {
 	a.Logger, b.Logger = nil, nil
 	return reflect.DeepEqual(a, b)
 }

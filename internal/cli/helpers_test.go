@@ -8,18 +8,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // result is what one in-process run of the CLI produced.
 type result struct {
 	stdout, stderr string
 	err            error
-	served         *registrar.Options // what "aether registrar" passed to Serve, if it got there
+	served         *server.Config // what "aether registrar" passed to Serve, if it got there
 }
 
 // runCLI runs the command tree in-process with env as the whole environment
-// and a fake registrar.Serve that returns at once.
+// and a fake server.Serve that returns at once.
 func runCLI(t *testing.T, ctx context.Context, env map[string]string, args ...string) result {
 	t.Helper()
 	if ctx == nil {
@@ -36,7 +36,7 @@ func runCLI(t *testing.T, ctx context.Context, env map[string]string, args ...st
 			v, ok := env[name]
 			return v, ok
 		},
-		serve: func(_ context.Context, opts registrar.Options) error {
+		serve: func(_ context.Context, opts server.Config) error {
 			res.served = &opts
 			return nil
 		},

@@ -10,8 +10,8 @@ import (
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // localityFixture is fixture() (region eu: one draining endpoint in eu-1a,
@@ -192,7 +192,7 @@ func TestListLocalityAgainstRegistrar(t *testing.T) {
 	// eu's learns of it through etcd, as in production.
 	eps := localityFixture()
 	eu := startRegistrar(t, etcd)
-	us := startRegistrar(t, etcd, func(o *registrar.Options) { o.Region, o.ClusterName = "us", "c7" })
+	us := startRegistrar(t, etcd, func(o *server.Config) { o.Region, o.ClusterName = "us", "c7" })
 	us.register(t, eps[4])
 	eu.register(t, append(eps[:4:4], eps[5])...)
 	waitFor(t, "eu's registrar lists us's endpoint", 10*time.Second, func() bool {

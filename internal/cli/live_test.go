@@ -20,9 +20,10 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
-// Helpers for running CLI commands against a real registrar: registrar.Start
+// Helpers for running CLI commands against a real registrar: server.Start
 // over an etcdtest member, reached over a real gRPC socket.
 
 // The origin of the registrars the tests start, matching fixture().
@@ -37,29 +38,31 @@ var versionRE = regexp.MustCompile(`^[0-9a-f]{12}:[0-9]+$`)
 // liveRegistrar is a registrar started for one test, with a gRPC client of
 // its own for seeding and inspecting it.
 type liveRegistrar struct {
-	srv       *registrar.Server
+	srv       *server.Server
 	c         registrarv1.RegistrarClient
 	closeOnce sync.Once
 }
 
 // startRegistrar starts a registrar of testRegion/testCluster on etcd; mut
 // adjusts its options. It is closed when t ends.
-func startRegistrar(t *testing.T, etcd *etcdtest.Cluster, mut ...func(*registrar.Options)) *liveRegistrar {
+func startRegistrar(t *testing.T, etcd *etcdtest.Cluster, mut ...func(*server.Config)) *liveRegistrar {
 	t.Helper()
-	o := registrar.Options{
+	o := server.Config{
 		EtcdEndpoints: etcd.Endpoints(),
 		GRPCAddr:      "127.0.0.1:0",
 		HTTPAddr:      "127.0.0.1:0",
-		ClusterName:   testCluster,
-		Region:        testRegion,
-		Logger:        regtest.QuietLogger(),
+		Options: registrar.Options{
+			ClusterName: testCluster,
+			Region:      testRegion,
+			Logger:      regtest.QuietLogger(),
+		},
 	}
 	for _, m := range mut {
 		m(&o)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	srv, err := registrar.Start(ctx, o)
+	srv, err := server.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -250,7 +253,7 @@ func startCLI(t *testing.T, env map[string]string, args ...string) *bgRun {
 			v, ok := env[name]
 			return v, ok
 		},
-		serve: func(context.Context, registrar.Options) error {
+		serve: func(context.Context, server.Config) error {
 			return errors.New("startCLI does not run a registrar")
 		},
 	})

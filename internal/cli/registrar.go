@@ -11,17 +11,17 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/aethermesh/aether/backend/etcd/replicator"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // serveRegistrar runs the registrar until ctx is cancelled.
-func serveRegistrar(ctx context.Context, opts registrar.Options) error {
-	return registrar.Serve(ctx, opts)
+func serveRegistrar(ctx context.Context, opts server.Config) error {
+	return server.Serve(ctx, opts)
 }
 
 func newRegistrarCmd(d deps) *cobra.Command {
-	opts := registrar.DefaultOptions()
+	opts := server.DefaultConfig()
 	var logLevel, logFormat string
 
 	cmd := &cobra.Command{
@@ -58,13 +58,20 @@ Without them it serves plaintext and warns: development only.`,
 				return err
 			}
 			// Plaintext listens on loopback unless told otherwise; with TLS
-			// the defaults are every interface (registrar.DefaultListenAddrs).
-			grpcAddr, httpAddr := registrar.DefaultListenAddrs(opts.TLSEnabled())
+			// the defaults are every interface (server.DefaultListenAddrs).
+			grpcAddr, httpAddr := server.DefaultListenAddrs(opts.TLSEnabled())
 			if !cmd.Flags().Changed("grpc-addr") {
 				opts.GRPCAddr = grpcAddr
 			}
 			if !cmd.Flags().Changed("http-addr") {
 				opts.HTTPAddr = httpAddr
+			}
+			if !cmd.Flags().Changed("sync-mode") {
+				// The flag shows the default on etcd; left out, the
+				// registrar picks by its backend's capabilities (poll on
+				// one without a change feed), which an explicit watch
+				// would refuse.
+				opts.SyncMode = ""
 			}
 			if err := validateRegistrarOptions(opts); err != nil {
 				return err
@@ -82,8 +89,8 @@ Without them it serves plaintext and warns: development only.`,
 	f.StringVar(&opts.DataDir, "data-dir", opts.DataDir, "data directory of the embedded etcd")
 	f.StringVar(&opts.EmbeddedEtcdAddr, "embedded-etcd-addr", opts.EmbeddedEtcdAddr, "client address of the embedded etcd")
 	f.StringVar(&opts.EmbeddedEtcdPeerAddr, "embedded-etcd-peer-addr", opts.EmbeddedEtcdPeerAddr, "peer address of the embedded etcd")
-	f.StringVar(&opts.GRPCAddr, "grpc-addr", opts.GRPCAddr, "address of the Registrar gRPC API (port 0 picks a free port); default loopback only without TLS, "+registrar.DefaultTLSGRPCAddr+" (every interface) with --tls-cert")
-	f.StringVar(&opts.HTTPAddr, "http-addr", opts.HTTPAddr, "address of /healthz, /readyz and /metrics (port 0 picks a free port); default loopback only without TLS, "+registrar.DefaultTLSHTTPAddr+" (every interface) with --tls-cert")
+	f.StringVar(&opts.GRPCAddr, "grpc-addr", opts.GRPCAddr, "address of the Registrar gRPC API (port 0 picks a free port); default loopback only without TLS, "+server.DefaultTLSGRPCAddr+" (every interface) with --tls-cert")
+	f.StringVar(&opts.HTTPAddr, "http-addr", opts.HTTPAddr, "address of /healthz, /readyz and /metrics (port 0 picks a free port); default loopback only without TLS, "+server.DefaultTLSHTTPAddr+" (every interface) with --tls-cert")
 	f.BoolVar(&opts.EnablePprof, "enable-pprof", false, "serve Go runtime profiles at /debug/pprof/ on --http-addr (for diagnosing; off by default)")
 	f.StringVar(&opts.ClusterName, "cluster-name", opts.ClusterName, "cluster this registrar writes for")
 	f.StringVar(&opts.Region, "region", opts.Region, "region this registrar writes for")
@@ -129,7 +136,7 @@ Without them it serves plaintext and warns: development only.`,
 	return cmd
 }
 
-// registrarZeroFlags are the registrar flags whose zero registrar.Options
+// registrarZeroFlags are the registrar flags whose zero server.Config
 // would replace with the default (see refuseZeros). The addresses,
 // --data-dir, --cluster-name and --region are not listed: an empty one is
 // refused by validateRegistrarOptions with its own message.
@@ -144,7 +151,7 @@ var registrarZeroFlags = []string{
 
 // validateRegistrarOptions checks the options before anything starts, so a
 // typo fails fast with the flag named.
-func validateRegistrarOptions(o registrar.Options) error {
+func validateRegistrarOptions(o server.Config) error {
 	if err := o.Validate(); err != nil {
 		return err
 	}

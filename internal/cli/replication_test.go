@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 func TestReplicationStatusAgainstRegistrars(t *testing.T) {
@@ -20,7 +20,7 @@ func TestReplicationStatusAgainstRegistrars(t *testing.T) {
 		t.Fatalf("status without peers: %v %q", res.err, res.stdout)
 	}
 
-	on := startRegistrar(t, home, func(o *registrar.Options) {
+	on := startRegistrar(t, home, func(o *server.Config) {
 		o.PeerEtcd = []string{"us=" + peer.Endpoints()[0]}
 		o.ReplicationLeaseTTL = 3 * time.Second
 	})

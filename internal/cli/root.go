@@ -15,7 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // deps is what the command tree needs from the outside world; tests replace
@@ -23,7 +23,7 @@ import (
 type deps struct {
 	stdout, stderr io.Writer
 	lookupEnv      lookupFunc
-	serve          func(context.Context, registrar.Options) error
+	serve          func(context.Context, server.Config) error
 }
 
 // NewRoot builds the aether command tree writing to stdout and stderr. Run

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // TestCLIAgainstTLSRegistrar sets up a mesh with the three "aether certs"
@@ -24,7 +24,7 @@ func TestCLIAgainstTLSRegistrar(t *testing.T) {
 	pem := func(name string) string { return filepath.Join(dir, name+".pem") }
 
 	etcd := etcdtest.Start(t)
-	r := startRegistrar(t, etcd, func(o *registrar.Options) {
+	r := startRegistrar(t, etcd, func(o *server.Config) {
 		o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = pem("server-localhost"), pem("server-localhost-key"), ca
 		o.TrustDomain = "example.org"
 	})
@@ -104,7 +104,7 @@ func TestAgentOverMTLS(t *testing.T) {
 	ca := filepath.Join(dir, "ca.pem")
 	pem := func(name string) string { return filepath.Join(dir, name+".pem") }
 	etcd := etcdtest.Start(t)
-	r := startRegistrar(t, etcd, func(o *registrar.Options) {
+	r := startRegistrar(t, etcd, func(o *server.Config) {
 		o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = pem("server-localhost"), pem("server-localhost-key"), ca
 		o.TrustDomain = "example.org"
 	})

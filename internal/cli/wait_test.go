@@ -11,8 +11,8 @@ import (
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // persistedIn reads what etcd holds of a testRegion/testCluster endpoint
@@ -47,7 +47,7 @@ func TestWaitAgainstRegistrar(t *testing.T) {
 	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	r := startRegistrar(t, etcd, func(o *registrar.Options) { o.WriteBatchInterval = 2 * time.Second })
+	r := startRegistrar(t, etcd, func(o *server.Config) { o.WriteBatchInterval = 2 * time.Second })
 	// The first write after a quiet spell is flushed at once; this one
 	// takes that flush, so the commands below each wait for a later one.
 	r.register(t, &registryv1.ServiceEndpoint{Service: "db", Protocol: registryv1.Protocol_PROTOCOL_TCP, Ip: "10.0.0.9", Ports: []*registryv1.Port{{Port: 5432}}})
@@ -90,7 +90,7 @@ func TestWaitAgainstRegistrar(t *testing.T) {
 func TestWaitTimeoutWithBackendDown(t *testing.T) {
 	t.Parallel()
 	etcd := etcdtest.Start(t)
-	r := startRegistrar(t, etcd, func(o *registrar.Options) { o.WriteBatchInterval = 50 * time.Millisecond })
+	r := startRegistrar(t, etcd, func(o *server.Config) { o.WriteBatchInterval = 50 * time.Millisecond })
 	etcd.Stop()
 
 	start := time.Now()

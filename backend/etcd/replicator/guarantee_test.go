@@ -24,6 +24,7 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/watchcheck"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/server"
 )
 
 // Region a's endpoints reach region b through the replicator, under faults
@@ -170,18 +171,20 @@ func TestGuaranteePeerViewUnderReplicatorFaults(t *testing.T) {
 		len(hA.Events), len(hA.Acks), len(hB.Events), len(onB), cnt, status(r1).FullSyncs, int64(lease))
 }
 
-func startRegion(t *testing.T, region string, e *etcdtest.Cluster) *registrar.Server {
+func startRegion(t *testing.T, region string, e *etcdtest.Cluster) *server.Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := registrar.Start(ctx, registrar.Options{
-		EtcdEndpoints:    e.Endpoints(),
-		GRPCAddr:         "127.0.0.1:0",
-		HTTPAddr:         "127.0.0.1:0",
-		ClusterName:      "c1",
-		Region:           region,
-		ProgressInterval: 50 * time.Millisecond,
-		Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
+	s, err := server.Start(ctx, server.Config{
+		EtcdEndpoints: e.Endpoints(),
+		GRPCAddr:      "127.0.0.1:0",
+		HTTPAddr:      "127.0.0.1:0",
+		Options: registrar.Options{
+			ClusterName:      "c1",
+			Region:           region,
+			ProgressInterval: 50 * time.Millisecond,
+			Logger:           slog.New(slog.NewTextHandler(io.Discard, nil)),
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -372,7 +375,7 @@ func writeAll(t *testing.T, c registrarv1.RegistrarClient, first, writers, n int
 // persisted endpoint of web and db (generation gen), so that b sees updates
 // too: a quick update of a new endpoint is folded into its registration
 // before it is persisted.
-func touch(t *testing.T, s *registrar.Server, c registrarv1.RegistrarClient, gen int, acks *watchcheck.AckLog) {
+func touch(t *testing.T, s *server.Server, c registrarv1.RegistrarClient, gen int, acks *watchcheck.AckLog) {
 	t.Helper()
 	wait.For(t, "a's writes persisted", 10*time.Second, func() bool { return s.Registrar().PendingWrites() == 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

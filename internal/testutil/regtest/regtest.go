@@ -14,13 +14,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // Start starts a registrar with o, on free loopback ports where o names
 // none and with a silent logger where it has none, and closes it when t
 // ends.
-func Start(t testing.TB, o registrar.Options) *registrar.Server {
+func Start(t testing.TB, o server.Config) *server.Server {
 	t.Helper()
 	if o.GRPCAddr == "" {
 		o.GRPCAddr = "127.0.0.1:0"
@@ -33,7 +33,7 @@ func Start(t testing.TB, o registrar.Options) *registrar.Server {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := registrar.Start(ctx, o)
+	s, err := server.Start(ctx, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,10 @@
-package registrar
+// Package server is the composition root of a registrar process: its
+// listeners and TLS, the embedded etcd or the client to an external one,
+// the etcd backend, the HTTP mux (health, readiness, metrics, pprof), the
+// start-up gate and the multi-region replicator, wired around one replica
+// (package registrar). It is the one place that knows the replica runs on
+// etcd: the replica sees a backend.Store and a replication status.
+package server
 
 import (
 	"context"
@@ -30,6 +36,7 @@ import (
 	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 	"github.com/aethermesh/aether/backend/etcd/replicator"
 	"github.com/aethermesh/aether/pki"
+	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registrar/grpcapi"
 	"github.com/aethermesh/aether/registry"
 )
@@ -44,10 +51,10 @@ import (
 // client that dialled a registrar whose etcd is unreachable so learns it
 // at once, instead of holding a connection that never answers.
 type Server struct {
-	opts    Options
+	opts    Config
 	etcd    *embedetcd.Server // nil with external etcd; set by load
 	cli     *clientv3.Client  // set by load
-	reg     *Registrar
+	reg     *registrar.Registrar
 	api     *grpcapi.Service
 	backend *startupBackend
 	grpc    *grpc.Server
@@ -71,7 +78,7 @@ type Server struct {
 // serves (UNAVAILABLE, see Server) while its snapshot loads; a start-up
 // that fails for good (the embedded etcd cannot start, say) ends Serve with
 // that error.
-func Serve(ctx context.Context, opts Options) error {
+func Serve(ctx context.Context, opts Config) error {
 	s, err := Launch(ctx, opts)
 	if err != nil {
 		return err
@@ -97,7 +104,7 @@ func Serve(ctx context.Context, opts Options) error {
 // Start brings a registrar up: the listeners, etcd, the snapshot. It
 // returns once the registrar serves, or with an error if ctx ends first
 // (the listeners answer UNAVAILABLE meanwhile, see Launch).
-func Start(ctx context.Context, opts Options) (*Server, error) {
+func Start(ctx context.Context, opts Config) (*Server, error) {
 	s, err := Launch(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -117,11 +124,34 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 // naming what it waits for; WaitReady waits for it. ctx bounds the start:
 // when it ends before the snapshot is loaded, the start is abandoned.
 // EtcdClient and EtcdEndpoints are valid once WaitReady has returned nil.
-func Launch(ctx context.Context, opts Options) (_ *Server, err error) {
+func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 	opts = opts.withDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	log := opts.Logger
+	s := &Server{opts: opts, loadDone: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			s.teardown()
+		}
+	}()
+
+	// The registrar exists before its backend does: it is only asked to
+	// load once load has connected the backend, and nothing reaches it
+	// through the API before then (the gate in startup.go).
+	s.startup = newStartup(log)
+	s.backend = &startupBackend{startup: s.startup}
+	s.reg, err = registrar.New(opts.Options, s.backend)
+	if err != nil {
+		return nil, err
+	}
+	// The replica's defaults are its own, and an empty SyncMode resolves
+	// against the backend's capabilities: what it runs with is what
+	// Options reports.
+	s.opts.Options = s.reg.Options()
+	opts = s.opts
+
 	for flag, v := range map[string]string{"--cluster-name": opts.ClusterName, "--region": opts.Region} {
 		if err := registry.ValidateName(flag, v); err != nil {
 			return nil, err
@@ -136,13 +166,6 @@ func Launch(ctx context.Context, opts Options) (_ *Server, err error) {
 	if err != nil {
 		return nil, err // names --peer-etcd and the expected form
 	}
-	log := opts.Logger
-	s := &Server{opts: opts, loadDone: make(chan struct{})}
-	defer func() {
-		if err != nil {
-			s.teardown()
-		}
-	}()
 
 	// Bind first: a port clash should fail in milliseconds, not after etcd
 	// has started.
@@ -180,16 +203,6 @@ func Launch(ctx context.Context, opts Options) (_ *Server, err error) {
 			return nil, fmt.Errorf("--peer-etcd-cacert/--peer-etcd-cert/--peer-etcd-key: %w", err)
 		}
 		peerClient = replicator.NewTLSPeerClient(peerTLS)
-	}
-
-	// The registrar exists before its backend does: it is only asked to
-	// load once load has connected the backend, and nothing reaches it
-	// through the API before then (the gate in startup.go).
-	s.startup = newStartup(log)
-	s.backend = &startupBackend{startup: s.startup}
-	s.reg, err = New(opts, s.backend)
-	if err != nil {
-		return nil, err
 	}
 
 	var grpcCreds []grpc.ServerOption
@@ -415,7 +428,7 @@ func loopback(hostPort string) bool {
 // registrar presents --embedded-etcd-cert/--embedded-etcd-key: pki server
 // certificates carry client auth for exactly this (etcd's own gateway
 // does the same). Static: the registrar restarts to pick up a new pair.
-func embeddedEtcdClientTLS(opts Options) (*tls.Config, error) {
+func embeddedEtcdClientTLS(opts Config) (*tls.Config, error) {
 	const flags = "--embedded-etcd-cert/--embedded-etcd-key/--embedded-etcd-client-ca"
 	var cert, key string
 	if opts.EmbeddedEtcdClientCA != "" {
@@ -445,7 +458,7 @@ func (s *Server) GRPCAddr() string { return s.grpcLis.Addr().String() }
 func (s *Server) HTTPAddr() string { return s.httpLis.Addr().String() }
 
 // Registrar is the running registrar.
-func (s *Server) Registrar() *Registrar { return s.reg }
+func (s *Server) Registrar() *registrar.Registrar { return s.reg }
 
 // Close stops serving, persists what is queued (bounded by ctx) and stops
 // etcd if embedded.
@@ -501,6 +514,19 @@ func (s *Server) teardown() {
 	}
 }
 
+// Options are the options the server runs with, defaults filled in (the
+// replica's as the replica resolved them).
+func (s *Server) Options() Config { return s.opts }
+
+// EtcdClient is the process's etcd client, valid once WaitReady has
+// returned nil: tests of this process and of the replica inspect and
+// disturb the store through it.
+func (s *Server) EtcdClient() *clientv3.Client { return s.cli }
+
+// EtcdEndpoints are the client URLs of the etcd in use (the embedded one's
+// when it runs), valid once WaitReady has returned nil.
+func (s *Server) EtcdEndpoints() []string { return s.cli.Endpoints() }
+
 // replicationStatus is the ReplicationStatus answer of a replicator (nil:
 // replication not configured).
 func replicationStatus(repl *replicator.Replicator) ([]*registrarv1.PeerReplicationStatus, bool) {
@@ -529,6 +555,3 @@ func replicationStatus(repl *replicator.Replicator) ([]*registrarv1.PeerReplicat
 	}
 	return peers, true
 }
-
-// Options are the options the server runs with, defaults filled in.
-func (s *Server) Options() Options { return s.opts }

@@ -1,4 +1,4 @@
-package registrar
+package server
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/registrar"
 )
 
 // startup is what a Server waits for before it serves: which step it is
@@ -233,7 +234,7 @@ func (s *startup) probe(ctx context.Context, endpoints []string, tlsCfg *tls.Con
 // startupBackend is the registrar's backend, set once etcd is connected,
 // reporting every listing's outcome to the start-up status.
 type startupBackend struct {
-	Backend
+	registrar.Backend
 	startup *startup
 }
 

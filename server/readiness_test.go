@@ -1,4 +1,4 @@
-package registrar_test
+package server_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // TestReadyzFailsWhilePersistenceIsStuck: /readyz passes while writes
@@ -20,7 +20,7 @@ import (
 // metric follows the same write.
 func TestReadyzFailsWhilePersistenceIsStuck(t *testing.T) {
 	etcd := etcdtest.Start(t)
-	s := startRegistrar(t, etcd.Endpoints(), func(o *registrar.Options) { o.WriteBatchInterval = 20 * time.Millisecond })
+	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.WriteBatchInterval = 20 * time.Millisecond })
 	c := dial(t, s.GRPCAddr())
 	ready := "http://" + s.HTTPAddr() + "/readyz"
 

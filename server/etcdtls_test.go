@@ -1,4 +1,4 @@
-package registrar_test
+package server_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/pki"
-	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // etcdRefuses reports whether an etcd client with tlsCfg (nil: plaintext)
@@ -35,7 +35,7 @@ func etcdRefuses(t *testing.T, endpoint string, tlsCfg *tls.Config) bool {
 // and clients without TLS or without a certificate are refused.
 func TestEmbeddedEtcdTLS(t *testing.T) {
 	m := newMesh(t, "example.org")
-	srv := startRegistrar(t, nil, func(o *registrar.Options) {
+	srv := startRegistrar(t, nil, func(o *server.Config) {
 		o.DataDir = t.TempDir()
 		o.EmbeddedEtcdAddr, o.EmbeddedEtcdPeerAddr = "127.0.0.1:0", "127.0.0.1:0"
 		o.EmbeddedEtcdCert, o.EmbeddedEtcdKey, o.EmbeddedEtcdClientCA = m.serverCert, m.srvKey, m.ca
@@ -83,7 +83,7 @@ func TestEmbeddedEtcdTLS(t *testing.T) {
 // registrar trusts the certificate it serves without a CA flag.
 func TestEmbeddedEtcdTLSWithoutClientCA(t *testing.T) {
 	m := newMesh(t, "example.org")
-	srv := startRegistrar(t, nil, func(o *registrar.Options) {
+	srv := startRegistrar(t, nil, func(o *server.Config) {
 		o.DataDir = t.TempDir()
 		o.EmbeddedEtcdAddr, o.EmbeddedEtcdPeerAddr = "127.0.0.1:0", "127.0.0.1:0"
 		o.EmbeddedEtcdCert, o.EmbeddedEtcdKey = m.serverCert, m.srvKey
@@ -109,7 +109,7 @@ func TestReplicationToTLSPeerEtcd(t *testing.T) {
 	pair := m.certs["server-registrar-a"]
 	for _, spec := range []string{peerEndpoint, strings.TrimPrefix(peerEndpoint, "https://")} {
 		t.Run(spec, func(t *testing.T) {
-			a := startRegistrar(t, etcdtest.Start(t).Endpoints(), func(o *registrar.Options) {
+			a := startRegistrar(t, etcdtest.Start(t).Endpoints(), func(o *server.Config) {
 				o.Region = "ra"
 				o.PeerEtcd = []string{"rb=" + spec}
 				o.ReplicationLeaseTTL = 3 * time.Second
@@ -135,18 +135,18 @@ func TestReplicationToTLSPeerEtcd(t *testing.T) {
 
 func TestEtcdTLSOptionsValidate(t *testing.T) {
 	cases := []struct {
-		o    registrar.Options
+		o    server.Config
 		want string
 	}{
-		{registrar.Options{EmbeddedEtcdCert: "c"}, "--embedded-etcd-cert and --embedded-etcd-key go together"},
-		{registrar.Options{EmbeddedEtcdKey: "k"}, "--embedded-etcd-cert and --embedded-etcd-key go together"},
-		{registrar.Options{EmbeddedEtcdClientCA: "ca"}, "--embedded-etcd-client-ca needs --embedded-etcd-cert and --embedded-etcd-key"},
-		{registrar.Options{EmbeddedEtcdPeerCert: "c"}, "--embedded-etcd-peer-cert and --embedded-etcd-peer-key go together"},
-		{registrar.Options{EmbeddedEtcdPeerCA: "ca"}, "--embedded-etcd-peer-ca needs --embedded-etcd-peer-cert and --embedded-etcd-peer-key"},
-		{registrar.Options{EmbeddedEtcdCert: "c", EmbeddedEtcdKey: "k", EtcdEndpoints: []string{"http://e:2379"}}, "does not run with --etcd-endpoints"},
-		{registrar.Options{PeerEtcdCert: "c"}, "--peer-etcd-cert and --peer-etcd-key go together"},
-		{registrar.Options{PeerEtcdCACert: "ca"}, "add --peer-etcd region=https://"},
-		{registrar.Options{PeerEtcdCACert: "ca", PeerEtcd: []string{"rb=https://a:2379,http://b:2379"}}, "use https://b:2379"},
+		{server.Config{EmbeddedEtcdCert: "c"}, "--embedded-etcd-cert and --embedded-etcd-key go together"},
+		{server.Config{EmbeddedEtcdKey: "k"}, "--embedded-etcd-cert and --embedded-etcd-key go together"},
+		{server.Config{EmbeddedEtcdClientCA: "ca"}, "--embedded-etcd-client-ca needs --embedded-etcd-cert and --embedded-etcd-key"},
+		{server.Config{EmbeddedEtcdPeerCert: "c"}, "--embedded-etcd-peer-cert and --embedded-etcd-peer-key go together"},
+		{server.Config{EmbeddedEtcdPeerCA: "ca"}, "--embedded-etcd-peer-ca needs --embedded-etcd-peer-cert and --embedded-etcd-peer-key"},
+		{server.Config{EmbeddedEtcdCert: "c", EmbeddedEtcdKey: "k", EtcdEndpoints: []string{"http://e:2379"}}, "does not run with --etcd-endpoints"},
+		{server.Config{PeerEtcdCert: "c"}, "--peer-etcd-cert and --peer-etcd-key go together"},
+		{server.Config{PeerEtcdCACert: "ca"}, "add --peer-etcd region=https://"},
+		{server.Config{PeerEtcdCACert: "ca", PeerEtcd: []string{"rb=https://a:2379,http://b:2379"}}, "use https://b:2379"},
 	}
 	for _, c := range cases {
 		err := c.o.Validate()
@@ -154,7 +154,7 @@ func TestEtcdTLSOptionsValidate(t *testing.T) {
 			t.Errorf("%+v: got %v, want %q", c.o, err, c.want)
 		}
 	}
-	for _, ok := range []registrar.Options{
+	for _, ok := range []server.Config{
 		{EmbeddedEtcdCert: "c", EmbeddedEtcdKey: "k", EmbeddedEtcdClientCA: "ca", EmbeddedEtcdPeerCert: "c", EmbeddedEtcdPeerKey: "k", EmbeddedEtcdPeerCA: "ca"},
 		{PeerEtcd: []string{"rb=https://a:2379,b:2379"}, PeerEtcdCACert: "ca", PeerEtcdCert: "c", PeerEtcdKey: "k"},
 	} {

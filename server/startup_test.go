@@ -1,4 +1,4 @@
-package registrar_test
+package server_test
 
 import (
 	"bytes"
@@ -21,6 +21,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
 )
 
 // syncBuf is a log sink that tests read while the registrar writes.
@@ -66,9 +67,15 @@ func TestServeUnreachableEtcdAnswersUnavailable(t *testing.T) {
 	served := make(chan error, 1)
 	began := time.Now()
 	go func() {
-		served <- registrar.Serve(ctx, registrar.Options{
-			EtcdEndpoints: []string{"http://" + etcdAddr}, GRPCAddr: grpcAddr, HTTPAddr: httpAddr,
-			ClusterName: "c1", Region: "r1", Logger: slog.New(slog.NewTextHandler(logs, nil)),
+		served <- server.Serve(ctx, server.Config{
+			EtcdEndpoints: []string{"http://" + etcdAddr},
+			GRPCAddr:      grpcAddr,
+			HTTPAddr:      httpAddr,
+			Options: registrar.Options{
+				ClusterName: "c1",
+				Region:      "r1",
+				Logger:      slog.New(slog.NewTextHandler(logs, nil)),
+			},
 		})
 	}()
 	t.Cleanup(func() {
@@ -141,9 +148,14 @@ func TestServeUnreachableEtcdAnswersUnavailable(t *testing.T) {
 // starts its own etcd in the background of a start and serves once that
 // and the snapshot are up.
 func TestStartEmbeddedEtcdServes(t *testing.T) {
-	s := regtest.Start(t, registrar.Options{
-		DataDir: t.TempDir(), EmbeddedEtcdAddr: "127.0.0.1:0", EmbeddedEtcdPeerAddr: "127.0.0.1:0",
-		ClusterName: "c1", Region: "r1",
+	s := regtest.Start(t, server.Config{
+		DataDir:              t.TempDir(),
+		EmbeddedEtcdAddr:     "127.0.0.1:0",
+		EmbeddedEtcdPeerAddr: "127.0.0.1:0",
+		Options: registrar.Options{
+			ClusterName: "c1",
+			Region:      "r1",
+		},
 	})
 	c := dial(t, s.GRPCAddr())
 	register(t, c, ep("web", "10.0.0.1", 80))
@@ -162,9 +174,15 @@ func TestStartHonoursContextWhileEtcdUnreachable(t *testing.T) {
 	etcdAddr, grpcAddr := regtest.FreeAddr(t), regtest.FreeAddr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
-	_, err := registrar.Start(ctx, registrar.Options{
-		EtcdEndpoints: []string{"http://" + etcdAddr}, GRPCAddr: grpcAddr, HTTPAddr: "127.0.0.1:0",
-		ClusterName: "c1", Region: "r1", Logger: quietLogger(),
+	_, err := server.Start(ctx, server.Config{
+		EtcdEndpoints: []string{"http://" + etcdAddr},
+		GRPCAddr:      grpcAddr,
+		HTTPAddr:      "127.0.0.1:0",
+		Options: registrar.Options{
+			ClusterName: "c1",
+			Region:      "r1",
+			Logger:      quietLogger(),
+		},
 	})
 	if err == nil || !strings.Contains(err.Error(), "loading its snapshot from etcd at http://"+etcdAddr) {
 		t.Fatalf("Start = %v; want the reason it waited", err)

@@ -1,4 +1,4 @@
-package registrar
+package server
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/aethermesh/aether/registrar"
 )
 
 // Readiness (/readyz) answers one question for a load balancer or an
@@ -36,8 +38,8 @@ var readyChecks = []string{"snapshot", "persistence"}
 // readiness fails: ten flush intervals, so that a backend that answers
 // slowly (a flush retried a few times) does not flap readiness, and at
 // least 10s, about an etcd leader election and a client failover.
-func (o Options) stuckAfter() time.Duration {
-	return max(10*o.WriteBatchInterval, 10*time.Second)
+func (c Config) stuckAfter() time.Duration {
+	return max(10*c.WriteBatchInterval, 10*time.Second)
 }
 
 // check runs one readiness check: ok, and what to say about it.
@@ -62,7 +64,7 @@ func (s *Server) check(name string) (bool, string) {
 			fmt.Fprintf(&b, "oldest unpersisted write %s old (limit %s), %d pending", ps.Oldest.Round(time.Millisecond), limit, ps.Pending)
 		}
 		if ps.LastFlushError != "" && !ps.LastFlushErrorAt.Before(ps.LastFlushAt) {
-			fmt.Fprintf(&b, ", last flush error %s ago: %s", s.reg.now().Sub(ps.LastFlushErrorAt).Round(time.Millisecond), ps.LastFlushError)
+			fmt.Fprintf(&b, ", last flush error %s ago: %s", s.reg.Now().Sub(ps.LastFlushErrorAt).Round(time.Millisecond), ps.LastFlushError)
 		}
 		return !stuck, b.String()
 	}
@@ -101,7 +103,7 @@ func (s *Server) readyz(w http.ResponseWriter, req *http.Request) {
 		}
 	}
 	if s.startup.isReady.Load() {
-		writeIsolated(&out, s.reg.PersistenceStatus().Isolated, s.reg.now())
+		writeIsolated(&out, s.reg.PersistenceStatus().Isolated, s.reg.Now())
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -121,7 +123,7 @@ func (s *Server) readyz(w http.ResponseWriter, req *http.Request) {
 // has the count.
 const maxIsolatedShown = 20
 
-func writeIsolated(b *strings.Builder, iso []IsolatedWrite, now time.Time) {
+func writeIsolated(b *strings.Builder, iso []registrar.IsolatedWrite, now time.Time) {
 	if len(iso) == 0 {
 		return
 	}
