@@ -45,7 +45,7 @@ groups (comma-separated or repeated; default all):
                every scenario runs both. The harness builds etcd from
                tools/etcd ($AETHER_ETCD names a prebuilt one) and runs
                registrars from this binary ($AETHER_BIN names another).
-  disruption   seed 000's disruption battery: two registrars on one etcd,
+  disruption   the disruption battery: two registrars on one etcd,
                writes through A, clients resolving through B while pods roll
                (surge, two-phase drain), registrars restart, clients
                reconnect and services churn; resolutions and drops (dead
