@@ -37,7 +37,7 @@ func TestStreamLetsItsStartGo(t *testing.T) {
 	for _, resume := range []bool{false, true} {
 		from := version{}
 		if resume {
-			from = version{epoch: r.st.epoch, seq: 10}
+			from = version{epoch: r.st.Epoch(), seq: 10}
 		}
 		sub := r.subscribe(nil, from)
 		if sub.resumed != resume || (len(sub.snapshot) == 0 && len(sub.missed) == 0) {

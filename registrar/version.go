@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/aethermesh/aether/registrar/internal/core"
 )
 
 // A version token is "<epoch>:<sequence>". The sequence numbers this
@@ -26,7 +28,11 @@ func newEpoch() string {
 	return hex.EncodeToString(b[:])
 }
 
-func (v version) String() string { return v.epoch + ":" + strconv.FormatUint(v.seq, 10) }
+// String is the token's one format, core.Version's.
+func (v version) String() string { return core.Version{Epoch: v.epoch, Seq: v.seq}.String() }
+
+// versionOf is a core position as a token.
+func versionOf(v core.Version) version { return version{epoch: v.Epoch, seq: v.Seq} }
 
 // parseVersion parses a token. The empty token is valid and means "no
 // position" (fresh stream).

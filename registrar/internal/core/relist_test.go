@@ -1,4 +1,4 @@
-package registrar
+package core
 
 import (
 	"sort"
@@ -6,7 +6,7 @@ import (
 	"time"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	etcdstore "github.com/aethermesh/aether/backend/etcd"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -18,7 +18,7 @@ func TestBackgroundListing(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		start   []*registryv1.ServiceEndpoint // snapshot at revision 10, before the listing starts
-		watch   []etcdstore.Event             // applied while the listing is out (batch revision 20)
+		watch   []backend.Event               // applied while the listing is out (batch revision 20)
 		listAt  int64
 		listed  []*registryv1.ServiceEndpoint
 		wantEvs []string
@@ -26,46 +26,46 @@ func TestBackgroundListing(t *testing.T) {
 	}{{
 		name:  "watch passed the listing, nothing missed: no events",
 		start: []*registryv1.ServiceEndpoint{a, b},
-		watch: []etcdstore.Event{put(12, c), put(20, aDrain)}, listAt: 15,
+		watch: []backend.Event{put(12, c), put(20, aDrain)}, listAt: 15,
 		listed: []*registryv1.ServiceEndpoint{a, b, c},
 		want:   []string{"10.0.0.1/STATE_DRAINING", "10.0.0.2/STATE_SERVING", "10.0.0.3/STATE_SERVING"},
 	}, {
 		name:  "a delete after the listing is not undone",
 		start: []*registryv1.ServiceEndpoint{a, b},
-		watch: []etcdstore.Event{del(18, b)}, listAt: 15,
+		watch: []backend.Event{del(18, b)}, listAt: 15,
 		listed: []*registryv1.ServiceEndpoint{a, b},
 		want:   []string{"10.0.0.1/STATE_SERVING"},
 	}, {
 		name:  "an add after the listing is not removed",
 		start: []*registryv1.ServiceEndpoint{a},
-		watch: []etcdstore.Event{put(19, c)}, listAt: 15,
+		watch: []backend.Event{put(19, c)}, listAt: 15,
 		listed: []*registryv1.ServiceEndpoint{a},
 		want:   []string{"10.0.0.1/STATE_SERVING", "10.0.0.3/STATE_SERVING"},
 	}, {
 		name:  "an endpoint the watch never delivered is repaired",
 		start: []*registryv1.ServiceEndpoint{a},
-		watch: []etcdstore.Event{put(19, b)}, listAt: 15,
+		watch: []backend.Event{put(19, b)}, listAt: 15,
 		listed:  []*registryv1.ServiceEndpoint{a, c},
 		wantEvs: []string{"ENDPOINT_ADDED 10.0.0.3"},
 		want:    []string{"10.0.0.1/STATE_SERVING", "10.0.0.2/STATE_SERVING", "10.0.0.3/STATE_SERVING"},
 	}, {
 		name:  "a missed delete is repaired",
 		start: []*registryv1.ServiceEndpoint{a, b},
-		watch: []etcdstore.Event{put(19, c)}, listAt: 15,
+		watch: []backend.Event{put(19, c)}, listAt: 15,
 		listed:  []*registryv1.ServiceEndpoint{a},
 		wantEvs: []string{"ENDPOINT_REMOVED 10.0.0.2"},
 		want:    []string{"10.0.0.1/STATE_SERVING", "10.0.0.3/STATE_SERVING"},
 	}, {
 		name:  "a missed update is repaired",
 		start: []*registryv1.ServiceEndpoint{a},
-		watch: []etcdstore.Event{put(19, c)}, listAt: 15,
+		watch: []backend.Event{put(19, c)}, listAt: 15,
 		listed:  []*registryv1.ServiceEndpoint{aDrain},
 		wantEvs: []string{"ENDPOINT_UPDATED 10.0.0.1"},
 		want:    []string{"10.0.0.1/STATE_DRAINING", "10.0.0.3/STATE_SERVING"},
 	}, {
 		name:  "the watch changed a key before the listing's revision: the listing is as new",
 		start: []*registryv1.ServiceEndpoint{a},
-		watch: []etcdstore.Event{put(12, aDrain), put(19, c)}, listAt: 15,
+		watch: []backend.Event{put(12, aDrain), put(19, c)}, listAt: 15,
 		listed: []*registryv1.ServiceEndpoint{aDrain},
 		want:   []string{"10.0.0.1/STATE_DRAINING", "10.0.0.3/STATE_SERVING"},
 	}, {
@@ -77,13 +77,13 @@ func TestBackgroundListing(t *testing.T) {
 		want:    []string{"10.0.0.1/STATE_SERVING", "10.0.0.2/STATE_SERVING"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newState("e", 100, 100)
-			s.applyListing(listing(10, tc.start...))
-			s.trackForListing()
+			s := newStateForTest("e", 100, 100)
+			s.ApplyListing(listing(10, tc.start...))
+			s.TrackForListing()
 			if tc.watch != nil {
-				s.applyWatch(etcdstore.WatchBatch{Revision: 20, Events: tc.watch})
+				s.ApplyWatch(backend.WatchBatch{Revision: 20, Events: tc.watch})
 			}
-			got := types(s.applyListing(listing(tc.listAt, tc.listed...)))
+			got := types(s.ApplyListing(listing(tc.listAt, tc.listed...)))
 			if !eq(got, tc.wantEvs) {
 				t.Errorf("events %v, want %v", got, tc.wantEvs)
 			}
@@ -104,12 +104,12 @@ func TestBackgroundListing(t *testing.T) {
 // foreground listing cannot know what the watch did after it.
 func TestUntrackedStaleListingIgnored(t *testing.T) {
 	a, b := mkEP(t, "web", "10.0.0.1"), mkEP(t, "web", "10.0.0.2")
-	s := newState("e", 100, 100)
-	s.applyListing(listing(10, a))
-	s.trackForListing()
-	s.untrack() // the listing failed
-	s.applyWatch(etcdstore.WatchBatch{Revision: 20, Events: []etcdstore.Event{put(20, b)}})
-	if evs := s.applyListing(listing(15, a)); evs != nil {
+	s := newStateForTest("e", 100, 100)
+	s.ApplyListing(listing(10, a))
+	s.TrackForListing()
+	s.Untrack() // the listing failed
+	s.ApplyWatch(backend.WatchBatch{Revision: 20, Events: []backend.Event{put(20, b)}})
+	if evs := s.ApplyListing(listing(15, a)).Events; evs != nil {
 		t.Fatalf("stale untracked listing produced %v", types(evs))
 	}
 }
@@ -117,20 +117,20 @@ func TestUntrackedStaleListingIgnored(t *testing.T) {
 // Local writes still win over a background listing.
 func TestBackgroundListingKeepsLocalWrites(t *testing.T) {
 	a, b := mkEP(t, "web", "10.0.0.1"), mkEP(t, "web", "10.0.0.2")
-	s := newState("e", 100, 100)
-	s.applyListing(listing(10))
-	s.trackForListing()
+	s := newStateForTest("e", 100, 100)
+	s.ApplyListing(listing(10))
+	s.TrackForListing()
 	s.register(a, t0) // pending
 	s.register(b, t0)
-	done := s.takeBatch(1, time.Time{})
+	done := s.TakeBatch(1, time.Time{})
 	s.batchDone(done, 18) // one of them persisted after the listing began...
 	// ...and the watch delivers that put, then goes past it.
-	persisted := s.get(done[0].ID)
-	s.applyWatch(etcdstore.WatchBatch{Revision: 20, Events: []etcdstore.Event{put(18, persisted), put(19, mkEP(t, "db", "10.0.0.9"))}})
-	if evs := s.applyListing(listing(15)); len(evs) != 0 {
+	persisted := s.Get(done[0].ID)
+	s.ApplyWatch(backend.WatchBatch{Revision: 20, Events: []backend.Event{put(18, persisted), put(19, mkEP(t, "db", "10.0.0.9"))}})
+	if evs := s.ApplyListing(listing(15)).Events; len(evs) != 0 {
 		t.Fatalf("listing reverted local writes: %v", types(evs))
 	}
-	if s.get(registry.IDOf(a)) == nil || s.get(registry.IDOf(b)) == nil {
+	if s.Get(registry.IDOf(a)) == nil || s.Get(registry.IDOf(b)) == nil {
 		t.Fatal("local write lost")
 	}
 }
@@ -141,16 +141,16 @@ func TestBackgroundListingNodes(t *testing.T) {
 	n2 := &registryv1.Node{Name: "n2", Region: "default", Cluster: "default"}
 	n3 := &registryv1.Node{Name: "n3", Region: "default", Cluster: "default"}
 	id := registry.NodeIDOf
-	s := newState("e", 100, 100)
-	s.applyListing(etcdstore.Listing{Revision: 10, Nodes: []*registryv1.Node{n1, n2}})
-	s.trackForListing()
-	s.applyWatch(etcdstore.WatchBatch{Revision: 20, Nodes: []etcdstore.NodeEvent{
+	s := newStateForTest("e", 100, 100)
+	s.ApplyListing(backend.Listing{Revision: 10, Nodes: []*registryv1.Node{n1, n2}})
+	s.TrackForListing()
+	s.ApplyWatch(backend.WatchBatch{Revision: 20, Nodes: []backend.NodeEvent{
 		{ID: id(n1), Revision: 18},           // n1 left after the listing
 		{ID: id(n3), Node: n3, Revision: 19}, // n3 joined after it
 	}})
 	// The listing (at 15) still has n1, lacks n3, and lacks n2 (whose
 	// deletion the watch missed).
-	s.applyListing(etcdstore.Listing{Revision: 15, Nodes: []*registryv1.Node{n1}})
+	s.ApplyListing(backend.Listing{Revision: 15, Nodes: []*registryv1.Node{n1}})
 	var got []string
 	for nid := range s.nodes {
 		got = append(got, nid.Name)
@@ -161,7 +161,7 @@ func TestBackgroundListingNodes(t *testing.T) {
 	}
 }
 
-func snapshotIPs(s *state) []string {
+func snapshotIPs(s *State) []string {
 	var out []string
 	for _, m := range s.endpoints {
 		for _, ep := range m {
@@ -179,22 +179,22 @@ func TestListingInSteps(t *testing.T) {
 	web1, web2 := mkEP(t, "web", "10.0.0.1"), mkEP(t, "web", "10.0.0.2")
 	db1, db2 := mkEP(t, "db", "10.0.1.1"), mkEP(t, "db", "10.0.1.2")
 	auth1 := mkEP(t, "auth", "10.0.2.1")
-	s := newState("e", 100, 100)
-	s.applyListing(listing(10, web1, db1, db2))
-	s.trackForListing()
+	s := newStateForTest("e", 100, 100)
+	s.ApplyListing(listing(10, web1, db1, db2))
+	s.TrackForListing()
 	// The listing (at 15) has auth1, which the watch has not delivered
 	// yet, and lacks db1, whose deletion the watch missed.
-	a := newListingApply(listing(15, auth1, web1, db2))
-	if !s.beginListing(a) {
+	a := NewListingApply(listing(15, auth1, web1, db2))
+	if !s.BeginListing(a) {
 		t.Fatal("listing refused")
 	}
 	steps := 0
 	for done := false; !done; steps++ {
-		_, done = s.stepListing(a, 1)
+		_, done = s.StepListing(a, 1)
 		if steps == 0 {
 			// Between steps the watch goes past the listing: auth1 (at
 			// 12), then db2 deleted and web2 added after it.
-			s.applyWatch(etcdstore.WatchBatch{Revision: 20, Events: []etcdstore.Event{put(12, auth1), del(17, db2), put(18, web2)}})
+			s.ApplyWatch(backend.WatchBatch{Revision: 20, Events: []backend.Event{put(12, auth1), del(17, db2), put(18, web2)}})
 		}
 	}
 	if steps < 3 {
