@@ -9,15 +9,6 @@ import (
 	"github.com/aethermesh/aether/registry"
 )
 
-// ghosts is ghostsIn over every service.
-func (s *State) ghosts(region, cluster string, now time.Time, grace time.Duration) []registry.EndpointID {
-	services := make([]string, 0, len(s.endpoints))
-	for svc := range s.endpoints {
-		services = append(services, svc)
-	}
-	return s.ghostsIn(services, region, cluster, now, grace)
-}
-
 // batchDone records that a whole batch landed at revision rev.
 func (s *State) batchDone(b []backend.Mutation, rev int64) {
 	outs := make([]backend.Outcome, len(b))
