@@ -141,9 +141,18 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		h.effects(p, h.s.ApplyWatch(b))
 	case "listing":
-		// A full listing of the backend at rev, read with the watch
-		// stopped (start-up, a lost watch, poll mode).
+		// A full listing of the backend at rev: read with the watch
+		// stopped (start-up, a lost watch, poll mode), or in the
+		// background after track.
 		h.effects(p, h.s.ApplyListing(h.listing(t, d)))
+	case "track":
+		// A background listing is about to be read: note the watch's
+		// changes from now on (untrack: the listing failed).
+		h.s.TrackForListing()
+		p("tracking")
+	case "untrack":
+		h.s.Untrack()
+		p("not tracking")
 	case "backstop":
 		// The backstop against a backend holding the input at rev: a
 		// keys-only listing, compared with the snapshot; then the values
@@ -510,6 +519,9 @@ func (h *harness) print(p func(string, ...any)) {
 		p("nodes: %s", strings.Join(nodes, " "))
 	}
 	p("queue: %d unpersisted, %d pending", s.Depth(), s.Pending())
+	if s.track != nil {
+		p("tracking watch changes for a listing")
+	}
 }
 
 func (h *harness) queueState(id registry.EndpointID) string {
