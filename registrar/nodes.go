@@ -209,9 +209,9 @@ func (r *Registrar) kickSweep() {
 // runSweep removes ghost endpoints of this registrar's own cluster: those
 // whose node record is gone. It runs when a node record disappears and
 // every third of --node-ttl (core.SweepEvery) as a backstop. On a store
-// without leases it
-// does nothing: there are no node records, so every endpoint with a node
-// would look like a ghost, though no node's liveness was ever judged.
+// without leases it does nothing: there are no node records, so every
+// endpoint with a node would look like a ghost, though no node's liveness
+// was ever judged.
 func (r *Registrar) runSweep(ctx context.Context) {
 	if r.leases == nil {
 		return

@@ -24,14 +24,14 @@ const listingStep = 2048
 // without a fixed delay on every change (a delay would put a floor under
 // cross-replica latency). A full re-list runs every SyncInterval as a
 // backstop: read in the background while the watch goes on, and applied a
-// few services at a time with watch batches let in between (relist.go), so
-// a large registry's listing never holds other replicas' writes back. When
-// the watch cannot resume (compaction) the re-list runs in the foreground;
-// foreground re-lists are spaced at least SyncDebounce apart
-// (core.RelistWait). With SyncMode
-// SyncPoll, which New picks for a store without a change feed, no watch is
-// opened at all: the re-list every SyncInterval is the only way other
-// replicas' writes arrive.
+// few services at a time with watch batches let in between
+// (core.ListingApply), so a large registry's listing never holds other
+// replicas' writes back. When the watch cannot resume (compaction) the
+// re-list runs in the foreground; foreground re-lists are spaced at least
+// SyncDebounce apart (core.RelistWait). With SyncMode SyncPoll, which New
+// picks for a store without a change feed, no watch is opened at all: the
+// re-list every SyncInterval is the only way other replicas' writes
+// arrive.
 func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	pollTicker := r.clock.NewTicker(r.opts.SyncInterval)
 	defer pollTicker.Stop()

@@ -12,7 +12,7 @@ import (
 // from its backend, every interval, on every replica: at 100k endpoints
 // the largest periodic cost of both in the fan-out scenario's profiles
 // (AETHER_BENCH_PROFILE). The snapshot knows the mod revision of
-// most values it holds (state.epRev), so the backstop asks etcd for keys and
+// most values it holds (State.epRev), so the backstop asks etcd for keys and
 // mod revisions only (answered from etcd's in-memory index) and fetches the
 // values of just the keys whose revision differs or is not known: in steady
 // state, none. What it hands on is an ordinary full listing, assembled from
@@ -26,7 +26,7 @@ import (
 // left alone when the listing is applied.
 //
 // With a watch running the check is background work, and is spread over
-// half the interval (backstopPause): the keys are read in parts bounded by
+// half the interval (BackstopPause): the keys are read in parts bounded by
 // keys of the last listing (backend.Parts), all at one revision, and
 // compared a step at a time, with pauses in between. Done at once, a
 // check of every key is one burst of CPU in etcd and in the registrar, and

@@ -28,7 +28,8 @@ import (
 //
 // Endpoints are written "service/ip" in region r, cluster c, followed by
 // attributes: node=N, state=draining|serving, weight=N, region=R, cluster=C,
-// mod=REV (the revision a backend holds it at). Times are offsets from the
+// mod=REV (the revision a backend holds it at), as=NAME (a name for the
+// write, for persisted). Times are offsets from the
 // script's start (t=0s), moved on by tick.
 
 func TestScripts(t *testing.T) {
@@ -51,10 +52,18 @@ type harness struct {
 	interval  time.Duration // --write-batch-interval
 	lastFlush time.Time
 	inflight  []backend.Mutation
+	// writes are the acknowledged writes a script named (as=NAME): their
+	// keys and stamps, for persisted.
+	writes map[string]namedWrite
+}
+
+type namedWrite struct {
+	id    registry.EndpointID
+	stamp *registryv1.WriteStamp
 }
 
 func newHarness() *harness {
-	h := &harness{now: scriptT0, interval: 50 * time.Millisecond}
+	h := &harness{now: scriptT0, interval: 50 * time.Millisecond, writes: map[string]namedWrite{}}
 	h.cfg = Config{Epoch: "e1", HistorySize: 100, QueueLimit: 100, FlushAtBatch: 100}
 	h.s = New(h.cfg)
 	return h
@@ -79,20 +88,29 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 	case "register":
 		for _, line := range lines(d.Input) {
 			ep := parseEP(t, d, line)
-			_, eff, err := h.s.Register(ep, h.now)
+			stored, eff, err := h.s.Register(ep, h.now)
 			h.result(p, "register "+epName(registry.IDOf(ep)), eff, err)
+			if name := asOf(line); name != "" && err == nil {
+				h.writes[name] = namedWrite{registry.IDOf(ep), stored.GetStamp()}
+			}
 		}
 	case "drain", "unregister":
 		for _, line := range lines(d.Input) {
 			id := registry.IDOf(parseEP(t, d, line))
 			var eff Effects
 			var err error
+			var stamp *registryv1.WriteStamp
 			if d.Cmd == "drain" {
-				_, eff, err = h.s.Drain(id, h.now)
+				var stored *registryv1.ServiceEndpoint
+				stored, eff, err = h.s.Drain(id, h.now)
+				stamp = stored.GetStamp()
 			} else {
-				_, eff, err = h.s.Unregister(id, h.now)
+				stamp, eff, err = h.s.Unregister(id, h.now)
 			}
 			h.result(p, d.Cmd+" "+epName(id), eff, err)
+			if name := asOf(line); name != "" && err == nil {
+				h.writes[name] = namedWrite{id, stamp}
+			}
 		}
 	case "take":
 		// The flusher starts a flush: the batch goes in flight.
@@ -100,7 +118,7 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 			d.Fatalf(t, "a batch is in flight already")
 		}
 		h.lastFlush = h.now
-		h.inflight = h.s.TakeBatch(intArg(t, d, "max", 1024), h.now)
+		h.inflight = append([]backend.Mutation{}, h.s.TakeBatch(intArg(t, d, "max", 1024), h.now)...)
 		p("batch: %s", mutations(h.inflight))
 	case "settle":
 		// The flush's outcome: ok (landed at rev), failed (no outcomes:
@@ -111,7 +129,7 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 	case "flush":
 		// take and settle in one.
 		h.lastFlush = h.now
-		h.inflight = h.s.TakeBatch(intArg(t, d, "max", 1024), h.now)
+		h.inflight = append([]backend.Mutation{}, h.s.TakeBatch(intArg(t, d, "max", 1024), h.now)...)
 		p("batch: %s", mutations(h.inflight))
 		h.settle(t, d, p)
 	case "watch":
@@ -173,6 +191,22 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 		h.sweep(t, d, p)
 	case "subscribe":
 		h.subscribe(t, d, p)
+	case "persisted":
+		// What a wait for the persistence of a named write hears now.
+		for _, name := range lines(d.Input) {
+			w, ok := h.writes[name]
+			if !ok {
+				d.Fatalf(t, "no write named %q", name)
+			}
+			switch reason, refused := h.s.Refused(w.id, w.stamp); {
+			case refused:
+				p("%s: refused (%s)", name, reason)
+			case h.s.Unsettled(w.id, w.stamp):
+				p("%s: not yet persisted", name)
+			default:
+				p("%s: persisted", name)
+			}
+		}
 	case "plan-flush":
 		plan := PlanFlush(FlushInput{Now: h.now, LastFlush: h.lastFlush, Pending: h.s.Pending(), RetryAt: h.s.NextRetry(),
 			Interval: h.interval, BatchSize: h.cfg.FlushAtBatch})
@@ -626,7 +660,7 @@ func parseEP(t *testing.T, d *datadriven.TestData, line string) *registryv1.Serv
 			ep.Cluster = v
 		case "region":
 			ep.Region = v
-		case "mod", "at", "rev":
+		case "mod", "at", "rev", "as":
 		default:
 			d.Fatalf(t, "endpoint %q: unknown attribute %q", f[0], k)
 		}
@@ -639,6 +673,16 @@ func parseEP(t *testing.T, d *datadriven.TestData, line string) *registryv1.Serv
 		n.CreatedAt = timestamppb.New(scriptT0)
 	}
 	return n
+}
+
+// asOf is a line's as= attribute: the name a script gives the write.
+func asOf(line string) string {
+	for _, kv := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(kv, "as="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // modOf is a line's mod=/at=/rev= attribute, or def.
