@@ -353,7 +353,13 @@ func (h *harness) listing(t *testing.T, d *datadriven.TestData) backend.Listing 
 	for _, line := range lines(d.Input) {
 		if name, ok := strings.CutPrefix(line, "node "); ok {
 			f := strings.Fields(name)
-			l.Nodes = append(l.Nodes, &registryv1.Node{Name: f[0], Region: "r", Cluster: "c"})
+			n := &registryv1.Node{Name: f[0], Region: "r", Cluster: "c"}
+			for _, kv := range f[1:] {
+				if z, ok := strings.CutPrefix(kv, "zone="); ok {
+					n.Zone = z
+				}
+			}
+			l.Nodes = append(l.Nodes, n)
 			l.NodeRevs = append(l.NodeRevs, modOf(t, d, name, 0))
 			continue
 		}
@@ -374,8 +380,21 @@ func (h *harness) backstop(t *testing.T, d *datadriven.TestData, p func(string, 
 	}
 	h.s.TrackForListing()
 	plan := NewDigestPlan(kr)
+	steps := 1
 	for !h.s.CompareDigest(plan, intArg(t, d, "step", math.MaxInt)) {
+		steps++
 	}
+	var have []string
+	for i, ep := range plan.have.Endpoints {
+		if h.s.Get(registry.IDOf(ep)) != ep {
+			d.Fatalf(t, "have %s is not the snapshot's value", epName(registry.IDOf(ep)))
+		}
+		have = append(have, fmt.Sprintf("%s@%d", epName(registry.IDOf(ep)), plan.have.EndpointRevs[i]))
+	}
+	for i, n := range plan.have.Nodes {
+		have = append(have, fmt.Sprintf("node %s@%d", n.Name, plan.have.NodeRevs[i]))
+	}
+	sort.Strings(have)
 	var need []string
 	for _, id := range plan.NeedEndpoints {
 		need = append(need, epName(id))
@@ -384,7 +403,13 @@ func (h *harness) backstop(t *testing.T, d *datadriven.TestData, p func(string, 
 		need = append(need, "node "+id.Name)
 	}
 	sort.Strings(need)
-	p("compare: %d keys, need %d: %s", len(kr.Endpoints)+len(kr.Nodes), plan.Needs(), listOrNone(need))
+	unit := "steps"
+	if steps == 1 {
+		unit = "step"
+	}
+	p("compare: %d keys in %d %s", len(kr.Endpoints)+len(kr.Nodes), steps, unit)
+	p("  have %d: %s", len(have), listOrNone(have))
+	p("  need %d: %s", plan.Needs(), listOrNone(need))
 	var l backend.Listing
 	var scope Scope
 	if BackstopListsAll(plan.Needs(), len(kr.Endpoints)+len(kr.Nodes)) {
@@ -545,12 +570,19 @@ func (h *harness) print(p func(string, ...any)) {
 		p("  %s", g)
 	}
 	var nodes []string
-	for id := range s.nodes {
-		nodes = append(nodes, id.Name)
+	for id, n := range s.nodes {
+		desc := id.Name
+		if n.Zone != "" {
+			desc += " zone=" + n.Zone
+		}
+		if r, ok := s.nodeRev[id]; ok {
+			desc += fmt.Sprintf(" rev=%d", r)
+		}
+		nodes = append(nodes, desc)
 	}
 	sort.Strings(nodes)
 	if len(nodes) > 0 {
-		p("nodes: %s", strings.Join(nodes, " "))
+		p("nodes: %s", strings.Join(nodes, ", "))
 	}
 	p("queue: %d unpersisted, %d pending", s.Depth(), s.Pending())
 	if s.track != nil {
