@@ -38,6 +38,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registrar/internal/core"
 	"github.com/aethermesh/aether/registrar/replica"
 	"github.com/aethermesh/aether/registry"
 )
@@ -70,9 +71,6 @@ type (
 	Limits            = replica.Limits
 	ServiceLimitError = replica.ServiceLimitError
 )
-
-// Is makes a per-node limit refusal ErrNodeFull.
-func (e *nodeFullError) Is(target error) bool { return target == ErrNodeFull }
 
 // Identity is the origin this registrar writes for, and its zone.
 func (r *Registrar) Identity() Identity {
@@ -163,12 +161,12 @@ func (r *Registrar) subscribe(f filter, from version) (*subscription, error) {
 	if r.ShuttingDown() {
 		return nil, ErrShuttingDown
 	}
-	sub := &subscription{w: w, at: r.st.version()}
-	if from.epoch == r.st.epoch {
-		sub.missed, sub.resumed = r.st.since(from.seq, f)
+	sub := &subscription{w: w, at: versionOf(r.st.Version())}
+	if from.epoch == r.st.Epoch() {
+		sub.missed, sub.resumed = r.st.Since(from.seq, core.Filter(f))
 	}
 	if !sub.resumed {
-		sub.snapshot, _ = r.st.snapshot(f)
+		sub.snapshot, _ = r.st.Snapshot(core.Filter(f))
 	}
 	r.hub.add(w)
 	return sub, nil
@@ -231,11 +229,11 @@ func (r *Registrar) updateFilter(w *watcher, add, remove filter, max int) (n int
 	for _, svc := range added {
 		only[svc] = struct{}{}
 	}
-	eps, seq := r.st.snapshot(only)
+	eps, seq := r.st.Snapshot(core.Filter(only))
 	r.hub.send(w, []*registrarv1.EndpointEvent{{
 		Type:      registrarv1.EndpointEvent_SERVICES_SNAPSHOT,
-		Version:   version{epoch: r.st.epoch, seq: seq}.String(),
-		Epoch:     r.st.epoch,
+		Version:   version{epoch: r.st.Epoch(), seq: seq}.String(),
+		Epoch:     r.st.Epoch(),
 		Sequence:  seq,
 		Services:  added,
 		Endpoints: eps,

@@ -57,7 +57,7 @@ func TestGhostSweepOnlyWithLeases(t *testing.T) {
 			held := func() bool {
 				r.mu.Lock()
 				defer r.mu.Unlock()
-				return r.st.get(registry.IDOf(stored)) != nil
+				return r.st.Get(registry.IDOf(stored)) != nil
 			}
 			ahead.Store(int64(time.Hour))
 

@@ -1,9 +1,11 @@
 package registrar
 
 import (
+	"testing"
 	"time"
 
-	"github.com/aethermesh/aether/backend"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registrar/internal/core"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -17,25 +19,31 @@ func (w *watcher) pending() int {
 	return len(w.queue)
 }
 
-// ghosts is ghostsIn over every service.
-func (s *state) ghosts(region, cluster string, now time.Time, grace time.Duration) []registry.EndpointID {
-	services := make([]string, 0, len(s.endpoints))
-	for svc := range s.endpoints {
-		services = append(services, svc)
+// t0 is the tests' fixed time.
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// mkEP is a normalized HTTP endpoint of service svc at ip, in region r and
+// cluster c, changed by mut.
+func mkEP(t testing.TB, svc, ip string, mut ...func(*registryv1.ServiceEndpoint)) *registryv1.ServiceEndpoint {
+	t.Helper()
+	ep := &registryv1.ServiceEndpoint{
+		Service: svc, Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: ip,
+		Ports: []*registryv1.Port{{Port: 80}}, Region: "r", Cluster: "c",
 	}
-	return s.ghostsIn(services, region, cluster, now, grace)
+	for _, m := range mut {
+		m(ep)
+	}
+	n, err := registry.NormalizeEndpoint(ep, registry.DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
-// batchDone records that a whole batch landed at revision rev.
-func (s *state) batchDone(b []backend.Mutation, rev int64) {
-	outs := make([]backend.Outcome, len(b))
-	for i, m := range b {
-		outs[i] = backend.Outcome{Landed: true, Revision: rev}
-		if m.Endpoint != nil {
-			outs[i].KeyRev = rev
-		} else {
-			outs[i].TombRev = rev
-		}
+// mustRegister registers ep straight into a state machine.
+func mustRegister(t *testing.T, s *core.State, ep *registryv1.ServiceEndpoint) {
+	t.Helper()
+	if _, _, err := s.Register(ep, t0); err != nil {
+		t.Fatal(err)
 	}
-	s.batchSettled(b, outs, time.Time{})
 }

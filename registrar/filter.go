@@ -1,37 +1,18 @@
 package registrar
 
-import (
-	"fmt"
-
-	"github.com/aethermesh/aether/registry"
-)
+import "github.com/aethermesh/aether/registrar/internal/core"
 
 // filter is a stream's demand scope: the set of services it watches, or all
-// services when nil.
+// services when nil (core.Filter, with the methods the streams use).
 type filter map[string]struct{}
 
 // newFilter validates and de-duplicates requested service names. No names
 // means all services.
 func newFilter(services []string) (filter, error) {
-	if len(services) == 0 {
-		return nil, nil
-	}
-	f := make(filter, len(services))
-	for i, s := range services {
-		if err := registry.ValidateName("service", s); err != nil {
-			return nil, fmt.Errorf("services[%d]: %w", i, err)
-		}
-		f[s] = struct{}{}
-	}
-	return f, nil
+	f, err := core.NewFilter(services)
+	return filter(f), err
 }
 
 func (f filter) all() bool { return f == nil }
 
-func (f filter) matches(service string) bool {
-	if f == nil {
-		return true
-	}
-	_, ok := f[service]
-	return ok
-}
+func (f filter) matches(service string) bool { return core.Filter(f).Matches(service) }

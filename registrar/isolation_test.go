@@ -45,12 +45,12 @@ func TestRefusedWriteIsIsolated(t *testing.T) {
 	huge := mkEP(t, "web", "10.0.0.1")
 	huge.Metadata = map[string]string{"blob": strings.Repeat("x", 1600<<10)} // over etcd's 1.5 MiB
 	r.mu.Lock()
-	stored, _, err := r.st.register(huge, r.now())
+	stored, eff, err := r.st.Register(huge, r.now())
+	r.act(eff)
 	r.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.maybeKick(1)
 	for i := 2; i <= 21; i++ {
 		if _, _, err := r.Register(mkEP(t, "web", fmt.Sprintf("10.0.0.%d", i))); err != nil {
 			t.Fatal(err)

@@ -124,12 +124,9 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	c.r.mu.Lock()
 	connected := c.r.hub.len()
-	counts := make(map[string]int, len(c.r.st.byCount))
-	for k, v := range c.r.st.byCount {
-		counts[k] = v
-	}
-	depth := c.r.st.queue.depth()
-	rev := c.r.st.backendRv
+	counts := c.r.st.ClusterCounts()
+	depth := c.r.st.Depth()
+	rev := c.r.st.BackendRevision()
 	c.r.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descConnected, prometheus.GaugeValue, float64(connected))
 	for cl, n := range counts {

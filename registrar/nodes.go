@@ -13,6 +13,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/registrar/internal/core"
 	"github.com/aethermesh/aether/registrar/replica"
 	"github.com/aethermesh/aether/registry"
 )
@@ -56,10 +57,10 @@ func (r *Registrar) AnnounceNode(ctx context.Context, in *registryv1.Node) (*reg
 	}
 	id := registry.NodeIDOf(n)
 	r.mu.Lock()
-	prev := r.st.nodes[id]
+	prev := r.st.Node(id)
 	// Node records are written synchronously, so etcd's order is their
 	// acknowledgement order already; the stamp says so to readers.
-	n.Stamp = r.st.nodeStamp(prev, r.now())
+	n.Stamp = r.st.NodeStamp(prev, r.now())
 	r.mu.Unlock()
 
 	n.LeaseTtlSeconds = int64(r.opts.NodeTTL / time.Second)
@@ -88,7 +89,7 @@ func (r *Registrar) AnnounceNode(ctx context.Context, in *registryv1.Node) (*reg
 			return nil, fmt.Errorf("%w: recording node %s: %v", errBackend, id.Name, err)
 		}
 		r.mu.Lock()
-		r.st.nodePut(n, rev)
+		r.st.NodePut(n, rev)
 		r.mu.Unlock()
 		if prev == nil || prev.LeaseId != lease {
 			r.log.Info("node announced", "node", id.Name, "zone", n.Zone, "lease", fmt.Sprintf("%x", lease))
@@ -108,7 +109,7 @@ func (r *Registrar) nodeLease(name, region, cluster string) (registry.NodeID, in
 		return id, 0, &registry.FieldError{Field: "node", Reason: err.Error()}
 	}
 	r.mu.Lock()
-	n := r.st.nodes[id]
+	n := r.st.Node(id)
 	r.mu.Unlock()
 	if n == nil || n.LeaseId == 0 {
 		return id, 0, fmt.Errorf("%w: node %q has no record (never announced, or its lease lapsed); announce it again", errNotFound, name)
@@ -149,10 +150,9 @@ func (r *Registrar) LeaveNode(ctx context.Context, name, region, cluster string)
 		return fmt.Errorf("%w: revoking node %q's lease: %v", errBackend, name, err)
 	}
 	r.mu.Lock()
-	r.st.nodeGone(id, rev)
+	r.act(r.st.NodeGone(id, rev))
 	r.mu.Unlock()
 	r.log.Info("node left", "node", name)
-	r.kickSweep()
 	return nil
 }
 
@@ -162,11 +162,8 @@ func (r *Registrar) LeaveNode(ctx context.Context, name, region, cluster string)
 // a node's own summary cannot show what a registrar lost.
 func (r *Registrar) ListNodes(ctx context.Context) []*registrarv1.NodeStatus {
 	r.mu.Lock()
-	recs := make([]*registryv1.Node, 0, len(r.st.nodes))
-	for _, n := range r.st.nodes {
-		recs = append(recs, n)
-	}
-	held := r.heldLocked()
+	recs := r.st.Nodes()
+	held := r.st.Held()
 	r.mu.Unlock()
 	out := make([]*registrarv1.NodeStatus, 0, len(recs))
 	for _, n := range recs {
@@ -176,7 +173,7 @@ func (r *Registrar) ListNodes(ctx context.Context) []*registrarv1.NodeStatus {
 			n.Health = &registryv1.HealthSummary{}
 		}
 		h := held[registry.NodeIDOf(n)]
-		n.Health.EndpointsHeld, n.Health.EndpointsHeldServing = h.held, h.serving
+		n.Health.EndpointsHeld, n.Health.EndpointsHeldServing = h.Held, h.Serving
 		out = append(out, &registrarv1.NodeStatus{Node: n, LastHeartbeatAgeSeconds: -1, LeaseRemainingSeconds: -1})
 	}
 	if r.leases == nil {
@@ -212,87 +209,55 @@ func (r *Registrar) kickSweep() {
 
 // runSweep removes ghost endpoints of this registrar's own cluster: those
 // whose node record is gone. It runs when a node record disappears and
-// every third of --node-ttl as a backstop. On a store without leases it
-// does nothing: there are no node records, so every endpoint with a node
-// would look like a ghost, though no node's liveness was ever judged.
+// every third of --node-ttl (core.SweepEvery) as a backstop. On a store
+// without leases it does nothing: there are no node records, so every
+// endpoint with a node would look like a ghost, though no node's liveness
+// was ever judged.
 func (r *Registrar) runSweep(ctx context.Context) {
 	if r.leases == nil {
 		return
 	}
-	t := time.NewTicker(max(r.opts.NodeTTL/3, time.Second))
+	t := r.clock.NewTicker(core.SweepEvery(r.opts.NodeTTL))
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 		case <-r.sweepKick:
 		}
 		r.sweep()
 	}
 }
 
-// sweep removes the current ghosts through the ordinary unregister path, so
-// watchers see REMOVED and the deletes are persisted write-behind. It
-// looks at a few services per hold of the lock (about listingStep
-// endpoints): a walk of every endpoint in one hold would hold back every
-// write and watch event on a large registry, every --node-ttl/3.
+// sweep removes the current ghosts (core.State.SweepStep). It looks at a
+// few services per hold of the lock (core.SweepChunk, about listingStep
+// endpoints), so the walk never holds back writes and watch events for
+// long on a large registry.
 func (r *Registrar) sweep() int {
 	r.mu.Lock()
-	services := make([]string, 0, len(r.st.endpoints))
-	for svc := range r.st.endpoints {
-		services = append(services, svc)
-	}
+	services := r.st.Services()
 	r.mu.Unlock()
 	swept, full := 0, false
 	for len(services) > 0 && !full {
 		r.mu.Lock()
-		n := 0
-		for seen := 0; n < len(services) && seen < listingStep; n++ {
-			seen += len(r.st.endpoints[services[n]])
-		}
-		ghosts := r.st.ghostsIn(services[:n], r.opts.Region, r.opts.ClusterName, r.now(), r.opts.NodeTTL)
+		n := core.SweepChunk(services, r.st.ServiceSize, listingStep)
+		eff, gone, deferred, err := r.st.SweepStep(services[:n], r.opts.Region, r.opts.ClusterName, r.now(), r.opts.NodeTTL)
 		services = services[n:]
-		var evs []*registrarv1.EndpointEvent
-		for _, id := range ghosts {
-			node := r.st.get(id).GetNode()
-			ev, err := r.st.unregister(id, r.now())
-			if err != nil {
-				// The queue is full: the sweep tries again next round.
-				r.log.Warn("ghost sweep deferred", "endpoint", id.String(), "err", err)
-				full = true
-				break
-			}
-			r.log.Info("swept endpoint of a node whose lease lapsed", "endpoint", id.String(), "node", node)
-			evs = append(evs, ev)
+		for _, g := range gone {
+			r.log.Info("swept endpoint of a node whose lease lapsed", "endpoint", g.ID.String(), "node", g.Node)
 		}
-		r.hub.publish(evs)
+		if err != nil {
+			// The queue is full: the sweep tries again next round.
+			r.log.Warn("ghost sweep deferred", "endpoint", deferred.String(), "err", err)
+			full = true
+		}
+		r.act(eff)
 		r.mu.Unlock()
-		swept += len(evs)
+		swept += len(gone)
 	}
 	if swept > 0 {
 		r.metrics.swept.Add(float64(swept))
-		select {
-		case r.kick <- struct{}{}:
-		default:
-		}
 	}
 	return swept
-}
-
-// heldCount is how many of a node's endpoints the registrar holds, and how
-// many of those serve.
-type heldCount struct{ held, serving uint32 }
-
-// heldLocked counts the endpoints of every node with a record, from the
-// state's per-node counters; r.mu must be held, so the counts are one
-// consistent snapshot.
-func (r *Registrar) heldLocked() map[registry.NodeID]heldCount {
-	out := make(map[registry.NodeID]heldCount, len(r.st.nodes))
-	for n := range r.st.nodes {
-		if held := r.st.byNode[n]; held > 0 {
-			out[n] = heldCount{held: uint32(held), serving: uint32(r.st.byNodeServing[n])}
-		}
-	}
-	return out
 }

@@ -60,6 +60,5 @@ func (r *Registrar) OwnerCheck(owner, identity string) (WriteCheck, error) {
 // the same test the ghost sweep applies. r.mu must be held: it is called
 // from a WriteCheck, which runs under the lock.
 func (r *Registrar) nodeLiveLocked(id registry.NodeID) bool {
-	_, ok := r.st.nodes[id]
-	return ok
+	return r.st.HasNode(id)
 }

@@ -10,33 +10,9 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	etcdstore "github.com/aethermesh/aether/backend/etcd"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/registrar/internal/core"
 	"github.com/aethermesh/aether/registry"
 )
-
-func TestBackstopPauseFor(t *testing.T) {
-	for _, tc := range []struct {
-		mode     string
-		interval time.Duration
-		steps    int
-		want     time.Duration
-	}{
-		// Half the interval, shared among the steps.
-		{SyncWatch, 5 * time.Second, 73, 5 * time.Second / 2 / 73},
-		{SyncWatch, time.Second, 5, 100 * time.Millisecond},
-		{SyncWatch, 20 * time.Millisecond, 4, 2500 * time.Microsecond},
-		// Never more than maxBackstopPause between two steps.
-		{SyncWatch, 5 * time.Second, 2, maxBackstopPause},
-		{SyncWatch, time.Hour, 1000, maxBackstopPause},
-		// No steps to pause between.
-		{SyncWatch, 5 * time.Second, 0, 0},
-		// Polling learns of changes only this way: no pause.
-		{SyncPoll, 5 * time.Second, 73, 0},
-	} {
-		if got := backstopPauseFor(tc.mode, tc.interval, tc.steps); got != tc.want {
-			t.Errorf("backstopPauseFor(%s, %v, %d) = %v, want %v", tc.mode, tc.interval, tc.steps, got, tc.want)
-		}
-	}
-}
 
 func TestPartBounds(t *testing.T) {
 	for _, n := range []int{0, 1, backstopPartKeys, backstopPartKeys + 1, 3*backstopPartKeys + 7} {
@@ -139,7 +115,7 @@ func TestBackstopReadsInPacedParts(t *testing.T) {
 	}
 	// Bounded by the start-up listing, then by the last keys-only one.
 	// Steps: 2 parts' bounds and n/listingStep comparison steps.
-	want := backstopPauseFor(SyncWatch, interval, 2+n/listingStep)
+	want := core.BackstopPause(false, interval, 2+n/listingStep)
 	for i, c := range calls {
 		if c.bounds != 2 || len(c.pauses) != 2 || c.keys != n {
 			t.Errorf("listing %d: %d bounds, %d pauses, %d keys; want 2, 2, %d", i+1, c.bounds, len(c.pauses), c.keys, n)
@@ -151,7 +127,7 @@ func TestBackstopReadsInPacedParts(t *testing.T) {
 		}
 	}
 	r.mu.Lock()
-	size := r.st.len()
+	size := r.st.Len()
 	r.mu.Unlock()
 	if size != n {
 		t.Fatalf("snapshot holds %d endpoints, want %d", size, n)

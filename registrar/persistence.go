@@ -3,7 +3,6 @@ package registrar
 import (
 	"context"
 	"fmt"
-	"sort"
 	"time"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -105,33 +104,17 @@ func (r *Registrar) settleBatch(b []backend.Mutation, outs []backend.Outcome) {
 	}
 }
 
-// unsettled reports whether the queue still holds a write of id at or
-// after stamp: until then the write stamped so is not persisted.
-func (q *writeQueue) unsettled(id registry.EndpointID, stamp *registryv1.WriteStamp) bool {
-	after := func(w queued, ok bool) bool { return ok && registry.CompareStamps(w.stamp, stamp) >= 0 }
-	w, ok := q.pending[id]
-	if after(w, ok) {
-		return true
-	}
-	w, ok = q.inflight[id]
-	if after(w, ok) {
-		return true
-	}
-	iw, ok := q.isolated[id]
-	return after(iw.w, ok)
-}
-
 // WaitPersisted waits until the write of id stamped stamp, or a newer
 // write of id, is persisted in the backend, or ctx ends (at most
 // maxPersistWait without a deadline). An error says the write is not
 // persisted yet (it stays acknowledged and queued) or was refused.
 func (r *Registrar) WaitPersisted(ctx context.Context, id registry.EndpointID, stamp *registryv1.WriteStamp) error {
 	r.mu.Lock()
-	if iw, ok := r.st.queue.isolated[id]; ok && registry.CompareStamps(iw.w.stamp, stamp) >= 0 {
+	if reason, ok := r.st.Refused(id, stamp); ok {
 		r.mu.Unlock()
-		return fmt.Errorf("%w: %s", errRefused, iw.reason)
+		return fmt.Errorf("%w: %s", errRefused, reason)
 	}
-	if !r.st.queue.unsettled(id, stamp) {
+	if !r.st.Unsettled(id, stamp) {
 		r.mu.Unlock()
 		return nil
 	}
@@ -194,18 +177,16 @@ func (r *Registrar) PersistenceStatus() PersistenceStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := PersistenceStatus{
-		Pending:          r.st.queue.depth(),
+		Pending:          r.st.Depth(),
 		LastFlushError:   r.persist.lastErr,
 		LastFlushErrorAt: r.persist.lastErrAt,
 		LastFlushAt:      r.persist.lastFlushAt,
 	}
-	if t := r.st.queue.oldest(); !t.IsZero() {
+	if t := r.st.Oldest(); !t.IsZero() {
 		st.Oldest = max(now.Sub(t), 0)
 	}
-	for id, w := range r.st.queue.isolated {
-		k, _ := id.Key()
-		st.Isolated = append(st.Isolated, IsolatedWrite{Key: k, Reason: w.reason, Since: w.since})
+	for _, w := range r.st.IsolatedWrites() { // in key order
+		st.Isolated = append(st.Isolated, IsolatedWrite{Key: w.Key, Reason: w.Reason, Since: w.Since})
 	}
-	sort.Slice(st.Isolated, func(i, j int) bool { return st.Isolated[i].Key < st.Isolated[j].Key })
 	return st
 }

@@ -11,10 +11,10 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/internal/retry"
+	"github.com/aethermesh/aether/registrar/internal/core"
 	"github.com/aethermesh/aether/registrar/replica"
 	"github.com/aethermesh/aether/registry"
 )
@@ -52,10 +52,13 @@ type Registrar struct {
 	leases   backend.Leases
 	log      *slog.Logger
 	metrics  *metrics
-	now      func() time.Time
+	// clock is what the loops wait on; now is its Now (a test may stand
+	// in another).
+	clock Clock
+	now   func() time.Time
 
 	mu  sync.Mutex
-	st  *state
+	st  *core.State
 	hub *hub
 
 	kick      chan struct{} // wakes the flusher before its tick
@@ -100,21 +103,27 @@ func New(opts Options, store backend.Store) (*Registrar, error) {
 		return nil, err
 	}
 	r := &Registrar{
-		opts:      opts,
-		backend:   store,
-		watcher:   watcher,
-		digester:  digester,
-		leases:    leases,
-		log:       opts.Logger.With("component", "registrar", "cluster", opts.ClusterName, "region", opts.Region),
-		now:       time.Now,
-		st:        newState(newEpoch(), opts.WatchHistory, opts.WriteQueueLimit),
+		opts:     opts,
+		backend:  store,
+		watcher:  watcher,
+		digester: digester,
+		leases:   leases,
+		log:      opts.Logger.With("component", "registrar", "cluster", opts.ClusterName, "region", opts.Region),
+		clock:    wallClock{},
+		st: core.New(core.Config{
+			Epoch:        newEpoch(),
+			HistorySize:  opts.WatchHistory,
+			QueueLimit:   opts.WriteQueueLimit,
+			MaxPerNode:   opts.MaxEndpointsPerNode,
+			FlushAtBatch: opts.WriteBatchSize,
+		}),
 		hub:       newHub(),
 		kick:      make(chan struct{}, 1),
 		sweepKick: make(chan struct{}, 1),
 		closing:   make(chan struct{}),
 		persist:   newPersistTracker(),
 	}
-	r.st.maxPerNode = opts.MaxEndpointsPerNode
+	r.now = r.clock.Now
 	r.metrics = newMetrics(r)
 	r.hub.onDeliver = r.metrics.delivered
 	return r, nil
@@ -144,8 +153,8 @@ func (r *Registrar) Start(ctx context.Context) error {
 		}
 	}
 	r.mu.Lock()
-	r.st.applyListing(l)
-	n := r.st.len()
+	r.act(r.st.ApplyListing(l))
+	n := r.st.Len()
 	r.mu.Unlock()
 	r.log.Info("snapshot loaded", "endpoints", n, "revision", l.Revision, "skipped", l.Skipped)
 
@@ -203,7 +212,7 @@ func (r *Registrar) Ready() bool { return r.started.Load() }
 func (r *Registrar) PendingWrites() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.st.queue.depth()
+	return r.st.Depth()
 }
 
 // WriteCheck decides whether a write may go ahead (see replica.WriteCheck:
@@ -236,22 +245,18 @@ func (r *Registrar) RegisterChecked(ep *registryv1.ServiceEndpoint, check WriteC
 	}
 	r.mu.Lock()
 	if check != nil {
-		if err := check(norm, r.st.get(registry.IDOf(norm))); err != nil {
+		if err := check(norm, r.st.Get(registry.IDOf(norm))); err != nil {
 			r.mu.Unlock()
 			return nil, "", err
 		}
 	}
-	stored, ev, err := r.st.register(norm, r.now())
-	v := r.st.version().String()
-	if ev != nil {
-		r.hub.publish([]*registrarv1.EndpointEvent{ev})
-	}
-	pending := len(r.st.queue.pending)
+	stored, eff, err := r.st.Register(norm, r.now())
+	v := versionOf(r.st.Version()).String()
+	r.act(eff)
 	r.mu.Unlock()
 	if err != nil {
 		return nil, "", err
 	}
-	r.maybeKick(pending)
 	return stored, v, nil
 }
 
@@ -273,12 +278,12 @@ func (r *Registrar) UnregisterChecked(id registry.EndpointID, check WriteCheck) 
 func (r *Registrar) UnregisterStamped(id registry.EndpointID, check WriteCheck) (string, Written, error) {
 	var stamp *registryv1.WriteStamp
 	var resolved registry.EndpointID
-	_, v, err := r.change(id, check, func(st *state, id registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
-		ev, err := st.unregister(id, r.now())
+	_, v, err := r.change(id, check, func(st *core.State, id registry.EndpointID) (*registryv1.ServiceEndpoint, core.Effects, error) {
+		st2, eff, err := st.Unregister(id, r.now())
 		if err == nil {
-			stamp, resolved = st.queue.pending[id].stamp, id
+			stamp, resolved = st2, id
 		}
-		return nil, ev, err
+		return nil, eff, err
 	})
 	return v, Written{ID: resolved, Stamp: stamp}, err
 }
@@ -294,21 +299,21 @@ func (r *Registrar) Drain(id registry.EndpointID) (*registryv1.ServiceEndpoint, 
 // DrainChecked is Drain with a WriteCheck (nil: none), called only if the
 // endpoint exists (otherwise the result is NOT_FOUND).
 func (r *Registrar) DrainChecked(id registry.EndpointID, check WriteCheck) (*registryv1.ServiceEndpoint, string, error) {
-	return r.change(id, check, func(st *state, id registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error) {
-		return st.drain(id, r.now())
+	return r.change(id, check, func(st *core.State, id registry.EndpointID) (*registryv1.ServiceEndpoint, core.Effects, error) {
+		return st.Drain(id, r.now())
 	})
 }
 
 // change validates an endpoint identity from a request and applies fn to it
-// under the lock, broadcasting the event it yields. check, if set, runs
+// under the lock, acting on the effects it yields. check, if set, runs
 // first under the same lock when the endpoint exists.
-func (r *Registrar) change(id registry.EndpointID, check WriteCheck, fn func(*state, registry.EndpointID) (*registryv1.ServiceEndpoint, *registrarv1.EndpointEvent, error)) (*registryv1.ServiceEndpoint, string, error) {
+func (r *Registrar) change(id registry.EndpointID, check WriteCheck, fn func(*core.State, registry.EndpointID) (*registryv1.ServiceEndpoint, core.Effects, error)) (*registryv1.ServiceEndpoint, string, error) {
 	id, err := r.origin().NormalizeID(id)
 	if err != nil {
 		return nil, "", err
 	}
 	r.mu.Lock()
-	if r.st.get(id) == nil {
+	if r.st.Get(id) == nil {
 		// Not in this replica's snapshot, but perhaps written through
 		// another replica a moment ago and not yet seen here: ask the
 		// backend before answering NOT_FOUND, so a drain or deregister
@@ -318,24 +323,20 @@ func (r *Registrar) change(id registry.EndpointID, check WriteCheck, fn func(*st
 		r.mu.Lock()
 	}
 	if check != nil {
-		if stored := r.st.get(id); stored != nil {
+		if stored := r.st.Get(id); stored != nil {
 			if err := check(nil, stored); err != nil {
 				r.mu.Unlock()
 				return nil, "", err
 			}
 		}
 	}
-	ep, ev, err := fn(r.st, id)
-	v := r.st.version().String()
-	if ev != nil {
-		r.hub.publish([]*registrarv1.EndpointEvent{ev})
-	}
-	pending := len(r.st.queue.pending)
+	ep, eff, err := fn(r.st, id)
+	v := versionOf(r.st.Version()).String()
+	r.act(eff)
 	r.mu.Unlock()
 	if err != nil {
 		return nil, "", err
 	}
-	r.maybeKick(pending)
 	return ep, v, nil
 }
 
@@ -344,7 +345,7 @@ func (r *Registrar) change(id registry.EndpointID, check WriteCheck, fn func(*st
 const learnTimeout = 2 * time.Second
 
 // learn reads an endpoint this replica does not hold from the backend and,
-// if the backend has it, takes it into the snapshot (state.adopt). A
+// if the backend has it, takes it into the snapshot (core.State.Adopt). A
 // backend that cannot be read leaves the snapshot as it is: the caller
 // then answers from the snapshot, NOT_FOUND.
 func (r *Registrar) learn(id registry.EndpointID) {
@@ -359,10 +360,7 @@ func (r *Registrar) learn(id registry.EndpointID) {
 		return
 	}
 	r.mu.Lock()
-	ev := r.st.adopt(id, ep, rev, at)
-	if ev != nil {
-		r.hub.publish([]*registrarv1.EndpointEvent{ev})
-	}
+	r.act(r.st.Adopt(id, ep, rev, at))
 	r.mu.Unlock()
 }
 
@@ -393,26 +391,15 @@ func (r *Registrar) List(services []string) ([]*registryv1.ServiceEndpoint, stri
 		return nil, "", &registry.FieldError{Field: "services", Reason: err.Error()}
 	}
 	r.mu.Lock()
-	eps, seq := r.st.snapshot(f)
+	eps, seq := r.st.Snapshot(core.Filter(f))
 	r.mu.Unlock()
-	return eps, version{epoch: r.st.epoch, seq: seq}.String(), nil
-}
-
-// maybeKick wakes the flusher when the queue stops being empty or reaches a
-// batch; in between it would only re-arm the same timer.
-func (r *Registrar) maybeKick(pending int) {
-	if pending == 1 || pending >= r.opts.WriteBatchSize {
-		select {
-		case r.kick <- struct{}{}:
-		default:
-		}
-	}
+	return eps, version{epoch: r.st.Epoch(), seq: seq}.String(), nil
 }
 
 func (r *Registrar) list(ctx context.Context) (backend.Listing, error) {
 	ctx, cancel := context.WithTimeout(ctx, max(r.opts.SyncInterval, 10*time.Second))
 	defer cancel()
-	return r.listFull(ctx, time.Now())
+	return r.listFull(ctx, r.clock.Now())
 }
 
 // listFull reads every value, for a listing that began at start.
@@ -423,7 +410,7 @@ func (r *Registrar) listFull(ctx context.Context, start time.Time) (backend.List
 		return l, err
 	}
 	r.metrics.syncFetched.Add(float64(len(l.Endpoints) + len(l.Nodes) + l.Skipped))
-	r.metrics.syncDuration.Observe(time.Since(start).Seconds())
+	r.metrics.syncDuration.Observe(r.clock.Now().Sub(start).Seconds())
 	// The first backstop after it is read in parts too.
 	r.bounds.Store(partBounds(len(l.Endpoints), func(i int) (string, error) { return registry.IDOf(l.Endpoints[i]).Key() }))
 	return l, nil

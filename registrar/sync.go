@@ -7,6 +7,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/internal/retry"
+	"github.com/aethermesh/aether/registrar/internal/core"
 )
 
 // maxWatchCoalesce bounds how many queued watch batches are folded into one
@@ -23,38 +24,36 @@ const listingStep = 2048
 // without a fixed delay on every change (a delay would put a floor under
 // cross-replica latency). A full re-list runs every SyncInterval as a
 // backstop: read in the background while the watch goes on, and applied a
-// few services at a time with watch batches let in between (relist.go), so
-// a large registry's listing never holds other replicas' writes back. When
-// the watch cannot resume (compaction) the re-list runs in the foreground;
-// foreground re-lists are spaced at least SyncDebounce apart. With SyncMode
-// SyncPoll, which New picks for a store without a change feed, no watch is
-// opened at all: the re-list every SyncInterval is the only way other
-// replicas' writes arrive.
+// few services at a time with watch batches let in between
+// (core.ListingApply), so a large registry's listing never holds other
+// replicas' writes back. When the watch cannot resume (compaction) the
+// re-list runs in the foreground; foreground re-lists are spaced at least
+// SyncDebounce apart (core.RelistWait). With SyncMode SyncPoll, which New
+// picks for a store without a change feed, no watch is opened at all: the
+// re-list every SyncInterval is the only way other replicas' writes
+// arrive.
 func (r *Registrar) runSync(ctx context.Context, rev int64) {
-	poll := time.NewTicker(r.opts.SyncInterval)
-	defer poll.Stop()
+	pollTicker := r.clock.NewTicker(r.opts.SyncInterval)
+	defer pollTicker.Stop()
+	poll := pollTicker.C()
 
-	// step applies one step of a listing; a node record the listing no
-	// longer has starts a sweep, as a watch's deletion would.
-	step := func(a *listingApply) (done bool) {
-		r.apply(func(st *state) []*registrarv1.EndpointEvent {
-			var evs []*registrarv1.EndpointEvent
-			evs, done = st.stepListing(a, listingStep)
-			return evs
-		})
-		if done && a.nodeGone {
-			r.kickSweep()
-		}
+	// step applies one step of a listing (a node record the listing no
+	// longer has asks for a sweep, as a watch's deletion would).
+	step := func(a *core.ListingApply) (done bool) {
+		r.mu.Lock()
+		eff, done := r.st.StepListing(a, listingStep)
+		r.act(eff)
+		r.mu.Unlock()
 		return done
 	}
 	// begin starts applying a listing; false if it is to be ignored.
-	begin := func(l backend.Listing, scope listingScope) *listingApply {
-		a := newListingApply(l)
-		a.scope = scope
+	begin := func(l backend.Listing, scope listingScope) *core.ListingApply {
+		a := core.NewListingApply(l)
+		a.Scope = scope
 		r.mu.Lock()
-		ok := r.st.beginListing(a)
+		ok := r.st.BeginListing(a)
 		if !ok {
-			r.st.untrack()
+			r.st.Untrack()
 		}
 		r.mu.Unlock()
 		if !ok {
@@ -67,12 +66,12 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	// every value after the watch lost its position, only changed ones
 	// (backstopList) for a poll.
 	relist := func(list func(context.Context) (backend.Listing, listingScope, error)) (int64, bool) {
-		if wait := r.opts.SyncDebounce - time.Since(lastList); wait > 0 {
+		if wait := core.RelistWait(r.clock.Now(), lastList, r.opts.SyncDebounce); wait > 0 {
 			if !retry.Sleep(ctx, wait, nil) {
 				return 0, false
 			}
 		}
-		lastList = time.Now()
+		lastList = r.clock.Now()
 		l, scope, err := list(ctx)
 		if err != nil {
 			if !isClosed(ctx, err) {
@@ -91,7 +90,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-poll.C:
+			case <-poll:
 				relist(r.backstopList)
 			}
 		}
@@ -100,7 +99,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 	watch, wcancel := r.watchFrom(ctx, rev)
 	defer func() { wcancel() }()
 	// applying is the backstop listing being applied, step by step.
-	var applying *listingApply
+	var applying *core.ListingApply
 	// foreground counts foreground re-lists. A backstop listing read
 	// across one is dropped: the foreground listing ended the tracking
 	// that would keep it exact against the new watch's changes.
@@ -148,20 +147,9 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 				break drain
 			}
 		}
-		nodeGone := false
-		r.apply(func(st *state) []*registrarv1.EndpointEvent {
-			var evs []*registrarv1.EndpointEvent
-			for _, b := range batches {
-				evs = append(evs, st.applyWatch(b)...)
-				for _, n := range b.Nodes {
-					nodeGone = nodeGone || n.Node == nil
-				}
-			}
-			return evs
-		})
-		if nodeGone {
-			r.kickSweep()
-		}
+		r.mu.Lock()
+		r.act(r.st.ApplyWatch(batches...))
+		r.mu.Unlock()
 		return true
 	}
 
@@ -205,12 +193,12 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			if !onWatch(b, ok) {
 				return
 			}
-		case <-poll.C:
+		case <-poll:
 			if listed != nil {
 				continue // the previous one is still out
 			}
 			r.mu.Lock()
-			r.st.trackForListing()
+			r.st.TrackForListing()
 			r.mu.Unlock()
 			listed = make(chan listResult, 1)
 			go func(out chan<- listResult, fg int) {
@@ -224,7 +212,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			}
 			if res.err != nil {
 				r.mu.Lock()
-				r.st.untrack()
+				r.st.Untrack()
 				r.mu.Unlock()
 				if !isClosed(ctx, res.err) {
 					r.log.Warn("backstop listing failed; the watch goes on", "err", res.err)
@@ -242,30 +230,22 @@ func (r *Registrar) watchFrom(ctx context.Context, rev int64) (<-chan backend.Wa
 	return r.watcher.Watch(wctx, rev), cancel
 }
 
-// apply runs a state transition and broadcasts its events, atomically.
-func (r *Registrar) apply(fn func(*state) []*registrarv1.EndpointEvent) {
-	r.mu.Lock()
-	evs := fn(r.st)
-	r.hub.publish(evs)
-	r.mu.Unlock()
-}
-
 // runProgress sends bookmarks to idle streams.
 func (r *Registrar) runProgress(ctx context.Context) {
-	t := time.NewTicker(r.opts.ProgressInterval)
+	t := r.clock.NewTicker(r.opts.ProgressInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 			r.mu.Lock()
-			v := r.st.version()
+			v := r.st.Version()
 			r.hub.progress(&registrarv1.EndpointEvent{
 				Type:     registrarv1.EndpointEvent_PROGRESS,
 				Version:  v.String(),
-				Epoch:    v.epoch,
-				Sequence: v.seq,
+				Epoch:    v.Epoch,
+				Sequence: v.Seq,
 			})
 			r.mu.Unlock()
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 
+	"github.com/aethermesh/aether/registrar/internal/core"
 	"github.com/aethermesh/aether/registrar/replica"
 	"github.com/aethermesh/aether/registry"
 )
@@ -30,6 +31,9 @@ func newEpoch() string {
 }
 
 func (v version) String() string { return registry.Position{Epoch: v.epoch, Seq: v.seq}.String() }
+
+// versionOf is a core position as a token.
+func versionOf(v core.Version) version { return version{epoch: v.Epoch, seq: v.Seq} }
 
 // parseVersion parses a token. The empty token is valid and means "no
 // position" (fresh stream); a malformed one is replica.ErrBadVersion.

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/internal/retry"
+	"github.com/aethermesh/aether/registrar/internal/core"
 )
 
 // maxFlushOps bounds one Apply call. A normal flush is far smaller (one
@@ -25,38 +26,30 @@ const flushTimeout = 2 * time.Second
 // flushBackoff spaces the retries of a failing flush.
 var flushBackoff = retry.Backoff{Base: 50 * time.Millisecond, Max: 5 * time.Second}
 
-// runFlusher persists queued writes. Flushes are spaced at least
-// WriteBatchInterval apart, so etcd sees at most one transaction per interval
-// however many writes arrive, except that a flush starts at once when
-// WriteBatchSize writes are pending. The spacing is leading-edge: a write
-// that arrives when no flush happened within the last interval is flushed
-// immediately, so a quiet cluster pays no batching delay and another
-// replica sees the write in milliseconds. A failed flush is retried with
-// backoff; its writes stay queued (and keep winning over the backend's view)
-// until one succeeds.
+// runFlusher persists queued writes, when and as core.PlanFlush says:
+// spaced WriteBatchInterval apart, leading-edge, at once for a batch's
+// worth. A failed flush is retried with backoff; its writes stay queued
+// (and keep winning over the backend's view) until one succeeds.
 func (r *Registrar) runFlusher(ctx context.Context) {
 	var lastFlush time.Time
 	failures := 0 // flushes failed in a row
 	for {
 		r.mu.Lock()
-		pending := len(r.st.queue.pending)
-		retryAt := r.st.queue.nextRetry()
-		r.mu.Unlock()
-		wait := r.opts.WriteBatchInterval - time.Since(lastFlush)
-		if !retryAt.IsZero() && pending == 0 {
-			// Only isolated writes wait: offer them again when due.
-			if until := retryAt.Sub(r.now()); until > 0 {
-				wait = max(wait, until)
-			} else {
-				pending = 1
-			}
+		in := core.FlushInput{
+			Now:       r.clock.Now(),
+			LastFlush: lastFlush,
+			Pending:   r.st.Pending(),
+			RetryAt:   r.st.NextRetry(),
+			Interval:  r.opts.WriteBatchInterval,
+			BatchSize: r.opts.WriteBatchSize,
 		}
-		if pending == 0 || (wait > 0 && pending < r.opts.WriteBatchSize) {
-			var t *time.Timer
+		r.mu.Unlock()
+		if plan := core.PlanFlush(in); !plan.Flush {
+			var t Timer
 			var timeout <-chan time.Time
-			if pending > 0 || !retryAt.IsZero() {
-				t = time.NewTimer(max(wait, 0))
-				timeout = t.C
+			if plan.Timer {
+				t = r.clock.NewTimer(plan.Wait)
+				timeout = t.C()
 			}
 			select {
 			case <-ctx.Done():
@@ -71,7 +64,7 @@ func (r *Registrar) runFlusher(ctx context.Context) {
 			}
 			continue
 		}
-		lastFlush = time.Now()
+		lastFlush = r.clock.Now()
 		if _, err := r.flushOnce(ctx); err != nil {
 			if isClosed(ctx, err) {
 				return
@@ -110,12 +103,12 @@ func (r *Registrar) flush(ctx context.Context) error {
 // permanently is isolated, and the rest of the batch lands regardless.
 func (r *Registrar) flushOnce(ctx context.Context) (int, error) {
 	r.mu.Lock()
-	b := r.st.takeBatch(maxFlushOps, r.now())
+	b := r.st.TakeBatch(maxFlushOps, r.now())
 	r.mu.Unlock()
 	if len(b) == 0 {
 		return 0, nil
 	}
-	start := time.Now()
+	start := r.clock.Now()
 	actx, cancel := context.WithTimeout(ctx, flushTimeout)
 	outs, err := r.backend.ApplyOrdered(actx, b)
 	cancel()
@@ -123,12 +116,9 @@ func (r *Registrar) flushOnce(ctx context.Context) (int, error) {
 	landed, refused := 0, 0
 	r.mu.Lock()
 	if outs == nil {
-		r.st.batchFailed(b)
+		r.st.BatchFailed(b)
 	} else {
-		evs := r.st.batchSettled(b, outs, now)
-		if len(evs) > 0 {
-			r.hub.publish(evs)
-		}
+		r.act(r.st.BatchSettled(b, outs, now))
 		r.settleBatch(b, outs)
 		for i, o := range outs {
 			switch {
@@ -141,7 +131,7 @@ func (r *Registrar) flushOnce(ctx context.Context) (int, error) {
 				refused++
 				k, _ := b[i].ID.Key()
 				r.log.Error("the backend refused a write permanently; it is isolated and retried now and then, the other writes go on",
-					"key", k, "err", o.Err, "retry_in", isolationRetry)
+					"key", k, "err", o.Err, "retry_in", core.IsolationRetry)
 			}
 		}
 	}
@@ -158,6 +148,6 @@ func (r *Registrar) flushOnce(ctx context.Context) (int, error) {
 		return landed, err
 	}
 	r.metrics.batchSize.Observe(float64(len(b)))
-	r.metrics.flushDuration.Observe(time.Since(start).Seconds())
+	r.metrics.flushDuration.Observe(r.clock.Now().Sub(start).Seconds())
 	return len(b), nil
 }

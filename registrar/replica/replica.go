@@ -3,7 +3,8 @@
 // consumers such as an xDS feed or a status page): the errors its calls
 // return, the write check a caller may attach, and the subscription a watcher reads events from.
 //
-// It is a leaf package, importing only the API's messages and registry, so
+// It imports only the API's messages, registry and the registrar's pure
+// core (whose errors it re-exports), so
 // that both the registrar (which implements the calls) and a front end
 // (which must not depend on *registrar.Registrar, only on the methods it
 // calls) can name the same types: an interface method in the front end
@@ -24,6 +25,7 @@ import (
 	"fmt"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registrar/internal/core"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -32,13 +34,13 @@ import (
 var (
 	// ErrNotFound: the endpoint (or node record) the call names is not
 	// held, not here nor, after a look at the backend, anywhere.
-	ErrNotFound = errors.New("endpoint is not registered")
+	ErrNotFound = core.ErrNotFound
 	// ErrQueueFull: the write queue holds its limit of endpoints waiting
 	// to be persisted; the backend is not keeping up, retry later.
-	ErrQueueFull = errors.New("write queue is full")
+	ErrQueueFull = core.ErrQueueFull
 	// ErrNodeFull: the registration would give a node more endpoints than
 	// the per-node limit; updates of existing endpoints are always allowed.
-	ErrNodeFull = errors.New("node has its limit of endpoints")
+	ErrNodeFull = core.ErrNodeFull
 	// ErrOwned: the removal names an endpoint of a live node, whose agent
 	// would register it again; only that node may remove it.
 	ErrOwned = errors.New("endpoint belongs to a live node")

@@ -1,4 +1,4 @@
-package registrar
+package core
 
 import (
 	"time"
@@ -16,7 +16,7 @@ import (
 // just as well). A failed batch returns to pending unless a newer write for
 // the same key arrived meanwhile. A write the backend refuses permanently
 // is "isolated": it stays queued, and keeps guarding the snapshot, but is
-// offered to the flusher again only after isolationRetry, so it cannot
+// offered to the flusher again only after IsolationRetry, so it cannot
 // hold every other write back. Nothing leaves the queue except by a
 // confirmed flush, so an acknowledged write is never dropped.
 //
@@ -46,9 +46,9 @@ type isolatedWrite struct {
 	retryAt time.Time
 }
 
-// isolationRetry is how long an isolated write waits before it is offered
+// IsolationRetry is how long an isolated write waits before it is offered
 // to the backend again (its limits may have been raised meanwhile).
-const isolationRetry = 30 * time.Second
+const IsolationRetry = 30 * time.Second
 
 func newWriteQueue(limit int) writeQueue {
 	return writeQueue{
@@ -229,5 +229,5 @@ func (q *writeQueue) isolate(id registry.EndpointID, reason string, now time.Tim
 	if _, newer := q.pending[id]; newer {
 		return
 	}
-	q.isolated[id] = isolatedWrite{w: w, reason: reason, since: now, retryAt: now.Add(isolationRetry)}
+	q.isolated[id] = isolatedWrite{w: w, reason: reason, since: now, retryAt: now.Add(IsolationRetry)}
 }

@@ -1,4 +1,4 @@
-package registrar
+package core
 
 import (
 	"math"
@@ -35,24 +35,24 @@ type relistTrack struct {
 	nodes     map[registry.NodeID]int64
 }
 
-// trackForListing starts noting watch changes for a listing about to be
+// TrackForListing starts noting watch changes for a listing about to be
 // read. Call it before the listing's read begins, under the same lock as
 // the watch's application.
-func (s *state) trackForListing() {
+func (s *State) TrackForListing() {
 	s.track = &relistTrack{endpoints: map[registry.EndpointID]int64{}, nodes: map[registry.NodeID]int64{}}
 }
 
-// untrack stops noting changes, for a listing that failed.
-func (s *state) untrack() { s.track = nil }
+// Untrack stops noting changes, for a listing that failed.
+func (s *State) Untrack() { s.track = nil }
 
 // noteEndpoint and noteNode record a watch change while a listing is out.
-func (s *state) noteEndpoint(id registry.EndpointID, rev int64) {
+func (s *State) noteEndpoint(id registry.EndpointID, rev int64) {
 	if s.track != nil && rev > s.track.endpoints[id] {
 		s.track.endpoints[id] = rev
 	}
 }
 
-func (s *state) noteNode(id registry.NodeID, rev int64) {
+func (s *State) noteNode(id registry.NodeID, rev int64) {
 	if s.track != nil && rev > s.track.nodes[id] {
 		s.track.nodes[id] = rev
 	}
@@ -68,20 +68,20 @@ func (t *relistTrack) newerNode(id registry.NodeID, rev int64) bool {
 	return t != nil && t.nodes[id] > rev
 }
 
-// listingApply is one listing being folded into the snapshot, a few
+// ListingApply is one listing being folded into the snapshot, a few
 // services at a time: reconciling 100k endpoints takes over 100 ms, too
 // long to hold the lock that every registration and every delivery takes.
 // Between steps the lock is free, local writes and watch batches go on
 // (tracking keeps the listing exact across them, as above), and the
 // listing's own events go out as they are found.
-type listingApply struct {
+type ListingApply struct {
 	l         backend.Listing
-	scope     listingScope // the services to reconcile; nil: all
+	Scope     Scope // the services to reconcile; nil: all
 	track     *relistTrack
 	byService map[string][]listed
 	services  []string // the listing's services, then the snapshot's others
 	next      int
-	nodeGone  bool // the listing dropped a node record the snapshot had
+	NodeGone  bool // the listing dropped a node record the snapshot had
 }
 
 // listed is an endpoint of a listing and its mod revision (0: not known).
@@ -98,10 +98,10 @@ func revAt(revs []int64, i int) int64 {
 	return 0
 }
 
-// newListingApply groups a listing by service. It reads no state, so it
+// NewListingApply groups a listing by service. It reads no state, so it
 // runs outside the lock.
-func newListingApply(l backend.Listing) *listingApply {
-	a := &listingApply{l: l, byService: map[string][]listed{}}
+func NewListingApply(l backend.Listing) *ListingApply {
+	a := &ListingApply{l: l, byService: map[string][]listed{}}
 	for i, ep := range l.Endpoints {
 		if _, ok := a.byService[ep.Service]; !ok {
 			a.services = append(a.services, ep.Service)
@@ -111,34 +111,38 @@ func newListingApply(l backend.Listing) *listingApply {
 	return a
 }
 
-// beginListing starts applying a; false means the listing is to be
+// BeginListing starts applying a; false means the listing is to be
 // ignored: older than the snapshot, with nothing tracked to say where.
-func (s *state) beginListing(a *listingApply) bool {
+func (s *State) BeginListing(a *ListingApply) bool {
 	a.track = s.track
 	if a.l.Revision < s.backendRv && a.track == nil {
 		return false
 	}
-	if a.scope != nil {
+	if a.Scope != nil {
 		in := a.services[:0]
 		for _, svc := range a.services {
-			if a.scope[svc] {
+			if a.Scope[svc] {
 				in = append(in, svc)
 			}
 		}
 		a.services = in
 	}
 	for svc := range s.endpoints {
-		if _, ok := a.byService[svc]; !ok && (a.scope == nil || a.scope[svc]) {
+		if _, ok := a.byService[svc]; !ok && (a.Scope == nil || a.Scope[svc]) {
 			a.services = append(a.services, svc)
 		}
 	}
 	return true
 }
 
-// stepListing reconciles whole services until about budget endpoints have
+// StepListing reconciles whole services until about budget endpoints have
 // been looked at, and the node records and the revision once every service
 // is done, which it reports.
-func (s *state) stepListing(a *listingApply, budget int) (evs []*registrarv1.EndpointEvent, done bool) {
+//
+// A node record the listing no longer has asks for a sweep, as a watch's
+// deletion would.
+func (s *State) StepListing(a *ListingApply, budget int) (eff Effects, done bool) {
+	var evs []*registrarv1.EndpointEvent
 	for a.next < len(a.services) && budget > 0 {
 		svc := a.services[a.next]
 		a.next++
@@ -147,16 +151,16 @@ func (s *state) stepListing(a *listingApply, budget int) (evs []*registrarv1.End
 		evs = append(evs, s.reconcileService(svc, listed, a)...)
 	}
 	if a.next < len(a.services) {
-		return evs, false
+		return Effects{Events: evs}, false
 	}
 	s.finishListing(a)
-	return evs, true
+	return Effects{Events: evs, Sweep: a.NodeGone}, true
 }
 
 // reconcileService makes one service's endpoints match the listing, except
 // those written locally and not yet known persisted by it (guarded) and
 // those the watch changed after it.
-func (s *state) reconcileService(svc string, eps []listed, a *listingApply) []*registrarv1.EndpointEvent {
+func (s *State) reconcileService(svc string, eps []listed, a *ListingApply) []*registrarv1.EndpointEvent {
 	rev := a.l.Revision
 	var evs []*registrarv1.EndpointEvent
 	seen := make(map[registry.EndpointID]struct{}, len(eps))
@@ -166,7 +170,7 @@ func (s *state) reconcileService(svc string, eps []listed, a *listingApply) []*r
 		if s.guarded(id, rev) || a.track.newerEndpoint(id, rev) {
 			continue
 		}
-		if s.get(id) == e.ep {
+		if s.Get(id) == e.ep {
 			// The snapshot's own value, handed back by a keys-only
 			// backstop (digest.go): unchanged, and known at e.rev.
 			if e.rev > 0 {
@@ -195,7 +199,7 @@ func (s *state) reconcileService(svc string, eps []listed, a *listingApply) []*r
 // finishListing takes the listing's node records, keeping those the watch
 // or our own writes know newer, advances the snapshot's revision and ends
 // tracking.
-func (s *state) finishListing(a *listingApply) {
+func (s *State) finishListing(a *ListingApply) {
 	rev, t := a.l.Revision, a.track
 	nodes := make(map[registry.NodeID]*registryv1.Node, len(a.l.Nodes))
 	revs := make(map[registry.NodeID]int64, len(a.l.Nodes))
@@ -231,7 +235,7 @@ func (s *state) finishListing(a *listingApply) {
 	}
 	for id := range s.nodes {
 		if _, ok := nodes[id]; !ok {
-			a.nodeGone = true
+			a.NodeGone = true
 			break
 		}
 	}
@@ -242,15 +246,15 @@ func (s *state) finishListing(a *listingApply) {
 	}
 }
 
-// applyListing reconciles the snapshot with a full listing of the backend
+// ApplyListing reconciles the snapshot with a full listing of the backend
 // taken at l.Revision in one step, producing events for the differences;
 // for start-up, and for tests.
-func (s *state) applyListing(l backend.Listing) []*registrarv1.EndpointEvent {
-	a := newListingApply(l)
-	if !s.beginListing(a) {
+func (s *State) ApplyListing(l backend.Listing) Effects {
+	a := NewListingApply(l)
+	if !s.BeginListing(a) {
 		s.track = nil
-		return nil
+		return Effects{}
 	}
-	evs, _ := s.stepListing(a, math.MaxInt)
-	return evs
+	eff, _ := s.StepListing(a, math.MaxInt)
+	return eff
 }

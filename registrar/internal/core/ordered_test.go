@@ -1,4 +1,4 @@
-package registrar
+package core
 
 import (
 	"errors"
@@ -6,7 +6,7 @@ import (
 	"time"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	etcdstore "github.com/aethermesh/aether/backend/etcd"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -24,7 +24,7 @@ func stampFrom(at time.Time, writer string) *registryv1.WriteStamp {
 }
 
 func TestWritesAreStampedInAckOrder(t *testing.T) {
-	s := newState("e", 100, 100)
+	s := newStateForTest("e", 100, 100)
 	a, _, _ := s.register(mkEP(t, "web", "10.0.0.1"), t0)
 	// Same attributes: no event, but a write of its own, stamped later.
 	same, ev, err := s.register(mkEP(t, "web", "10.0.0.1"), t0)
@@ -34,7 +34,7 @@ func TestWritesAreStampedInAckOrder(t *testing.T) {
 	if registry.CompareStamps(a.Stamp, same.Stamp) >= 0 || same.Stamp.GetWriter() != "e" {
 		t.Fatalf("stamps %v then %v: want the later write stamped later, by this replica", a.Stamp, same.Stamp)
 	}
-	if s.get(registry.IDOf(a)) != same || s.queue.pending[registry.IDOf(a)].ep != same {
+	if s.Get(registry.IDOf(a)) != same || s.queue.pending[registry.IDOf(a)].ep != same {
 		t.Fatal("the re-registration is not the stored and queued value")
 	}
 	// A drain of a draining endpoint likewise.
@@ -47,7 +47,7 @@ func TestWritesAreStampedInAckOrder(t *testing.T) {
 	// write is ordered after it.
 	ahead := mkEP(t, "web", "10.0.0.2")
 	ahead.Stamp = stampFrom(t0.Add(time.Hour), "other")
-	s.applyWatch(etcdstore.WatchBatch{Events: []etcdstore.Event{{ID: registry.IDOf(ahead), Endpoint: ahead, Revision: 5}}, Revision: 5})
+	s.ApplyWatch(backend.WatchBatch{Events: []backend.Event{{ID: registry.IDOf(ahead), Endpoint: ahead, Revision: 5}}, Revision: 5})
 	w, _, _ := s.register(mkEP(t, "web", "10.0.0.2", weightOf(9)), t0)
 	if registry.CompareStamps(w.Stamp, ahead.Stamp) <= 0 {
 		t.Fatalf("write after seeing %v stamped %v: want it ordered after", ahead.Stamp, w.Stamp)
@@ -64,10 +64,10 @@ func TestWritesAreStampedInAckOrder(t *testing.T) {
 // write is known newer: a guess that names a newer value would let the
 // swap overwrite it unseen.
 func TestWatchGuessesOnlyUnderANewerLocalWrite(t *testing.T) {
-	s := newState("e", 100, 100)
+	s := newStateForTest("e", 100, 100)
 	id := registry.IDOf(mkEP(t, "web", "10.0.0.1"))
 	watch := func(rev int64, ep *registryv1.ServiceEndpoint) {
-		s.applyWatch(etcdstore.WatchBatch{Events: []etcdstore.Event{{ID: id, Endpoint: ep, Revision: rev}}, Revision: rev})
+		s.ApplyWatch(backend.WatchBatch{Events: []backend.Event{{ID: id, Endpoint: ep, Revision: rev}}, Revision: rev})
 	}
 	older := mkEP(t, "web", "10.0.0.1", weightOf(2))
 	older.Stamp = stampFrom(t0.Add(-time.Minute), "other")
@@ -99,7 +99,7 @@ func TestWatchGuessesOnlyUnderANewerLocalWrite(t *testing.T) {
 }
 
 func TestFlushOutcomes(t *testing.T) {
-	s := newState("e", 100, 100)
+	s := newStateForTest("e", 100, 100)
 	a := mkEP(t, "web", "10.0.0.1")
 	bb := mkEP(t, "web", "10.0.0.2")
 	c := mkEP(t, "web", "10.0.0.3")
@@ -107,22 +107,22 @@ func TestFlushOutcomes(t *testing.T) {
 	for _, ep := range []*registryv1.ServiceEndpoint{a, bb, c, d} {
 		mustRegister(t, s, ep)
 	}
-	batch := s.takeBatch(10, t0)
+	batch := s.TakeBatch(10, t0)
 	byIP := map[string]int{}
 	for i, m := range batch {
 		byIP[m.ID.IP] = i
 	}
 	theirs := mkEP(t, "web", "10.0.0.2", weightOf(7))
 	theirs.Stamp = stampFrom(t0.Add(time.Minute), "other")
-	outs := make([]etcdstore.Outcome, len(batch))
-	outs[byIP["10.0.0.1"]] = etcdstore.Outcome{Landed: true, Revision: 20, KeyRev: 20}
-	outs[byIP["10.0.0.2"]] = etcdstore.Outcome{Superseded: true, Current: theirs, CurrentStamp: theirs.Stamp, KeyRev: 19}
-	outs[byIP["10.0.0.3"]] = etcdstore.Outcome{Err: errors.New("etcdserver: request is too large")}
-	outs[byIP["10.0.0.4"]] = etcdstore.Outcome{KeyRev: 18} // not settled
+	outs := make([]backend.Outcome, len(batch))
+	outs[byIP["10.0.0.1"]] = backend.Outcome{Landed: true, Revision: 20, KeyRev: 20}
+	outs[byIP["10.0.0.2"]] = backend.Outcome{Superseded: true, Current: theirs, CurrentStamp: theirs.Stamp, KeyRev: 19}
+	outs[byIP["10.0.0.3"]] = backend.Outcome{Err: errors.New("etcdserver: request is too large")}
+	outs[byIP["10.0.0.4"]] = backend.Outcome{KeyRev: 18} // not settled
 	// A newer local write of d arrived while the batch was out.
 	dNew := mkEP(t, "web", "10.0.0.4", weightOf(3))
 	mustRegister(t, s, dNew)
-	evs := s.batchSettled(batch, outs, t0)
+	evs := s.BatchSettled(batch, outs, t0).Events
 
 	// Landed: persisted, its revision known.
 	if s.queue.holds(registry.IDOf(a)) || s.epRev[registry.IDOf(a)] != 20 {
@@ -130,7 +130,7 @@ func TestFlushOutcomes(t *testing.T) {
 	}
 	// Superseded: the snapshot takes the newer value, with an event, and
 	// lagging reports of the key are ignored.
-	if got := s.get(registry.IDOf(bb)); got.GetWeight() != 7 || s.queue.holds(registry.IDOf(bb)) {
+	if got := s.Get(registry.IDOf(bb)); got.GetWeight() != 7 || s.queue.holds(registry.IDOf(bb)) {
 		t.Errorf("superseded write: snapshot holds %v, still queued %v", got, s.queue.holds(registry.IDOf(bb)))
 	}
 	if !eq(types(evs), []string{"ENDPOINT_UPDATED 10.0.0.2"}) {
@@ -144,12 +144,12 @@ func TestFlushOutcomes(t *testing.T) {
 	if _, ok := s.queue.isolated[registry.IDOf(c)]; !ok || !s.queue.holds(registry.IDOf(c)) {
 		t.Errorf("refused write: isolated %v", s.queue.isolated)
 	}
-	next := s.takeBatch(10, t0)
+	next := s.TakeBatch(10, t0)
 	if len(next) != 1 || next[0].ID.IP != "10.0.0.4" || next[0].Endpoint.GetWeight() != 3 || next[0].KeyRev != 18 {
 		t.Fatalf("next batch %+v: want only d's newer write, swapping against the revision read (18)", next)
 	}
-	s.batchFailed(next)
-	later := s.takeBatch(10, t0.Add(isolationRetry))
+	s.BatchFailed(next)
+	later := s.TakeBatch(10, t0.Add(IsolationRetry))
 	ips := map[string]bool{}
 	for _, m := range later {
 		ips[m.ID.IP] = true
@@ -158,9 +158,9 @@ func TestFlushOutcomes(t *testing.T) {
 		t.Fatalf("after the isolation retry time: %+v, want c offered again beside d", later)
 	}
 	// A newer write of an isolated key replaces it.
-	s.batchFailed(later)
+	s.BatchFailed(later)
 	s.queue.isolate(registry.IDOf(c), "too large", t0) // no-op: c is pending, not in flight
-	batch = s.takeBatch(10, t0)
+	batch = s.TakeBatch(10, t0)
 	for _, m := range batch {
 		if m.ID.IP == "10.0.0.3" {
 			s.queue.isolate(m.ID, "too large", t0)
@@ -175,25 +175,25 @@ func TestFlushOutcomes(t *testing.T) {
 // A superseded write under a newer local write leaves the snapshot alone:
 // the newer write is ordered in its own flush.
 func TestSupersededUnderANewerLocalWrite(t *testing.T) {
-	s := newState("e", 100, 100)
+	s := newStateForTest("e", 100, 100)
 	mustRegister(t, s, mkEP(t, "web", "10.0.0.1"))
 	b := mustTake(t, s)
 	mine := mkEP(t, "web", "10.0.0.1", weightOf(4))
 	mustRegister(t, s, mine)
 	theirs := mkEP(t, "web", "10.0.0.1", weightOf(9))
 	theirs.Stamp = stampFrom(t0.Add(-time.Second), "other")
-	evs := s.batchSettled(b, []etcdstore.Outcome{{Superseded: true, Current: theirs, CurrentStamp: theirs.Stamp, KeyRev: 7}}, t0)
-	if len(evs) != 0 || s.get(registry.IDOf(mine)).GetWeight() != 4 {
-		t.Fatalf("events %v, snapshot %v: want the newer local write kept", types(evs), s.get(registry.IDOf(mine)))
+	evs := s.BatchSettled(b, []backend.Outcome{{Superseded: true, Current: theirs, CurrentStamp: theirs.Stamp, KeyRev: 7}}, t0).Events
+	if len(evs) != 0 || s.Get(registry.IDOf(mine)).GetWeight() != 4 {
+		t.Fatalf("events %v, snapshot %v: want the newer local write kept", types(evs), s.Get(registry.IDOf(mine)))
 	}
-	if n := s.takeBatch(10, t0); len(n) != 1 || n[0].KeyRev != 7 {
+	if n := s.TakeBatch(10, t0); len(n) != 1 || n[0].KeyRev != 7 {
 		t.Fatalf("next flush %+v: want the local write, swapping against 7", n)
 	}
 }
 
 // A removal superseded by a newer write brings the endpoint back here too.
 func TestSupersededRemoval(t *testing.T) {
-	s := newState("e", 100, 100)
+	s := newStateForTest("e", 100, 100)
 	ep := mkEP(t, "web", "10.0.0.1")
 	mustRegister(t, s, ep)
 	s.batchDone(mustTake(t, s), 3)
@@ -202,8 +202,8 @@ func TestSupersededRemoval(t *testing.T) {
 	}
 	theirs := mkEP(t, "web", "10.0.0.1", weightOf(6))
 	theirs.Stamp = stampFrom(t0.Add(time.Minute), "other")
-	evs := s.batchSettled(mustTake(t, s), []etcdstore.Outcome{{Superseded: true, Current: theirs, CurrentStamp: theirs.Stamp, KeyRev: 9}}, t0)
-	if !eq(types(evs), []string{"ENDPOINT_ADDED 10.0.0.1"}) || s.get(registry.IDOf(ep)).GetWeight() != 6 {
+	evs := s.BatchSettled(mustTake(t, s), []backend.Outcome{{Superseded: true, Current: theirs, CurrentStamp: theirs.Stamp, KeyRev: 9}}, t0).Events
+	if !eq(types(evs), []string{"ENDPOINT_ADDED 10.0.0.1"}) || s.Get(registry.IDOf(ep)).GetWeight() != 6 {
 		t.Fatalf("events %v: want the newer write back in the snapshot", types(evs))
 	}
 }

@@ -1,4 +1,4 @@
-package registrar
+package core
 
 import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"

@@ -1,4 +1,4 @@
-package registrar
+package core
 
 import (
 	"fmt"
@@ -14,11 +14,11 @@ func BenchmarkApplyListing100k(b *testing.B) {
 	for i := range 100000 {
 		eps = append(eps, mkEP(b, fmt.Sprintf("svc-%d", i%3000), fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255)))
 	}
-	s := newState("e", 100, 100)
-	s.applyListing(listing(10, eps...))
+	s := newStateForTest("e", 100, 100)
+	s.ApplyListing(listing(10, eps...))
 	b.ResetTimer()
 	for i := range b.N {
-		s.trackForListing()
-		s.applyListing(listing(int64(11+i), eps...))
+		s.TrackForListing()
+		s.ApplyListing(listing(int64(11+i), eps...))
 	}
 }

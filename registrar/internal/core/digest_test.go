@@ -1,4 +1,4 @@
-package registrar
+package core
 
 import (
 	"fmt"
@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
-	etcdstore "github.com/aethermesh/aether/backend/etcd"
+	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -27,8 +27,8 @@ func weight(w uint32) func(*registryv1.ServiceEndpoint) {
 }
 
 // revListing is a listing at rev whose endpoints carry mod revisions.
-func revListing(rev int64, eps []*registryv1.ServiceEndpoint, revs []int64) etcdstore.Listing {
-	return etcdstore.Listing{Revision: rev, Endpoints: eps, EndpointRevs: revs}
+func revListing(rev int64, eps []*registryv1.ServiceEndpoint, revs []int64) backend.Listing {
+	return backend.Listing{Revision: rev, Endpoints: eps, EndpointRevs: revs}
 }
 
 // clone is what a backend hands back: an equal value, never the pointer
@@ -37,16 +37,16 @@ func clone(ep *registryv1.ServiceEndpoint) *registryv1.ServiceEndpoint {
 	return proto.Clone(ep).(*registryv1.ServiceEndpoint)
 }
 
-func mustRegister(t *testing.T, s *state, ep *registryv1.ServiceEndpoint) {
+func mustRegister(t *testing.T, s *State, ep *registryv1.ServiceEndpoint) {
 	t.Helper()
-	if _, _, err := s.register(ep, t0); err != nil {
+	if _, _, err := s.Register(ep, t0); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func mustTake(t *testing.T, s *state) []etcdstore.Mutation {
+func mustTake(t *testing.T, s *State) []backend.Mutation {
 	t.Helper()
-	b := s.takeBatch(100, time.Time{})
+	b := s.TakeBatch(100, time.Time{})
 	if len(b) == 0 {
 		t.Fatal("nothing to take")
 	}
@@ -60,36 +60,36 @@ func TestEpRevTracksTheStoredValue(t *testing.T) {
 	aW3 := mkEP(t, "web", "10.0.0.1", weight(3))
 	for _, tc := range []struct {
 		name   string
-		run    func(t *testing.T, s *state)
+		run    func(t *testing.T, s *State)
 		want   int64                       // 0: not known
 		wantEP *registryv1.ServiceEndpoint // nil: absent
 	}{{
 		name: "a listing records its mod revisions",
-		run:  func(t *testing.T, s *state) {}, want: 5, wantEP: a,
+		run:  func(t *testing.T, s *State) {}, want: 5, wantEP: a,
 	}, {
 		name: "a listing without revisions makes it unknown",
-		run:  func(t *testing.T, s *state) { s.applyListing(listing(20, clone(a))) },
+		run:  func(t *testing.T, s *State) { s.ApplyListing(listing(20, clone(a))) },
 		want: 0, wantEP: a,
 	}, {
 		name: "a listing's newer value records its revision",
-		run: func(t *testing.T, s *state) {
-			s.applyListing(revListing(20, []*registryv1.ServiceEndpoint{clone(aDrain)}, []int64{18}))
+		run: func(t *testing.T, s *State) {
+			s.ApplyListing(revListing(20, []*registryv1.ServiceEndpoint{clone(aDrain)}, []int64{18}))
 		},
 		want: 18, wantEP: aDrain,
 	}, {
 		name: "a local register: unknown",
-		run:  func(t *testing.T, s *state) { mustRegister(t, s, clone(aDrain)) },
+		run:  func(t *testing.T, s *State) { mustRegister(t, s, clone(aDrain)) },
 		want: 0, wantEP: aDrain,
 	}, {
 		name: "a local register that landed: the landed revision",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			s.batchDone(mustTake(t, s), 12)
 		},
 		want: 12, wantEP: aDrain,
 	}, {
 		name: "a newer local write while the batch was in flight: unknown",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			b := mustTake(t, s)
 			mustRegister(t, s, clone(aW3))
@@ -98,7 +98,7 @@ func TestEpRevTracksTheStoredValue(t *testing.T) {
 		want: 0, wantEP: aW3,
 	}, {
 		name: "... until the newer write lands",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			b := mustTake(t, s)
 			mustRegister(t, s, clone(aW3))
@@ -108,7 +108,7 @@ func TestEpRevTracksTheStoredValue(t *testing.T) {
 		want: 13, wantEP: aW3,
 	}, {
 		name: "a newer local write that restores the old attributes: still unknown",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			b := mustTake(t, s)
 			mustRegister(t, s, clone(a))
@@ -118,7 +118,7 @@ func TestEpRevTracksTheStoredValue(t *testing.T) {
 		want: 0, wantEP: aDrain,
 	}, {
 		name: "an unregister while the batch was in flight",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			b := mustTake(t, s)
 			if _, err := s.unregister(id, time.Time{}); err != nil {
@@ -131,7 +131,7 @@ func TestEpRevTracksTheStoredValue(t *testing.T) {
 		// It changes no attribute, but it is a write of its own, stamped
 		// later, and the backend holds it only once it lands.
 		name: "a re-register with the same attributes while in flight: unknown",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			b := mustTake(t, s)
 			mustRegister(t, s, clone(aDrain))
@@ -140,7 +140,7 @@ func TestEpRevTracksTheStoredValue(t *testing.T) {
 		want: 0, wantEP: aDrain,
 	}, {
 		name: "... until it lands",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			b := mustTake(t, s)
 			mustRegister(t, s, clone(aDrain))
@@ -150,22 +150,22 @@ func TestEpRevTracksTheStoredValue(t *testing.T) {
 		want: 13, wantEP: aDrain,
 	}, {
 		name: "a failed flush: unknown",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
-			s.batchFailed(mustTake(t, s))
+			s.BatchFailed(mustTake(t, s))
 		},
 		want: 0, wantEP: aDrain,
 	}, {
 		name: "a failed flush retried: the retry's revision",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
-			s.batchFailed(mustTake(t, s))
+			s.BatchFailed(mustTake(t, s))
 			s.batchDone(mustTake(t, s), 13)
 		},
 		want: 13, wantEP: aDrain,
 	}, {
 		name: "a flushed delete records nothing",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			if _, err := s.unregister(id, time.Time{}); err != nil {
 				t.Fatal(err)
 			}
@@ -174,113 +174,113 @@ func TestEpRevTracksTheStoredValue(t *testing.T) {
 		want: 0, wantEP: nil,
 	}, {
 		name: "a flush that lands below the snapshot's revision still names its write",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			b := mustTake(t, s)
-			s.applyWatch(etcdstore.WatchBatch{Revision: 20}) // progress past the write
+			s.ApplyWatch(backend.WatchBatch{Revision: 20}) // progress past the write
 			s.batchDone(b, 15)
 		},
 		want: 15, wantEP: aDrain,
 	}, {
 		name: "a watch put records its revision",
-		run: func(t *testing.T, s *state) {
-			s.applyWatch(etcdstore.WatchBatch{Revision: 12, Events: []etcdstore.Event{put(12, clone(aDrain))}})
+		run: func(t *testing.T, s *State) {
+			s.ApplyWatch(backend.WatchBatch{Revision: 12, Events: []backend.Event{put(12, clone(aDrain))}})
 		},
 		want: 12, wantEP: aDrain,
 	}, {
 		name: "a watch put of the same attributes records the newer revision",
-		run: func(t *testing.T, s *state) {
-			s.applyWatch(etcdstore.WatchBatch{Revision: 12, Events: []etcdstore.Event{put(12, clone(a))}})
+		run: func(t *testing.T, s *State) {
+			s.ApplyWatch(backend.WatchBatch{Revision: 12, Events: []backend.Event{put(12, clone(a))}})
 		},
 		want: 12, wantEP: a,
 	}, {
 		name: "a watch event not newer than the snapshot is skipped",
-		run: func(t *testing.T, s *state) {
-			s.applyWatch(etcdstore.WatchBatch{Revision: 10, Events: []etcdstore.Event{put(10, clone(aDrain))}})
+		run: func(t *testing.T, s *State) {
+			s.ApplyWatch(backend.WatchBatch{Revision: 10, Events: []backend.Event{put(10, clone(aDrain))}})
 		},
 		want: 5, wantEP: a,
 	}, {
 		name: "a watch event guarded by a pending write is skipped",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
-			s.applyWatch(etcdstore.WatchBatch{Revision: 12, Events: []etcdstore.Event{put(12, clone(aW3))}})
+			s.ApplyWatch(backend.WatchBatch{Revision: 12, Events: []backend.Event{put(12, clone(aW3))}})
 		},
 		want: 0, wantEP: aDrain,
 	}, {
 		name: "a watch event guarded by an in-flight write is skipped, the flush then names its own write",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			b := mustTake(t, s)
-			s.applyWatch(etcdstore.WatchBatch{Revision: 16, Events: []etcdstore.Event{put(16, clone(aW3))}})
+			s.ApplyWatch(backend.WatchBatch{Revision: 16, Events: []backend.Event{put(16, clone(aW3))}})
 			s.batchDone(b, 15)
 		},
 		want: 15, wantEP: aDrain,
 	}, {
 		name: "a watch event older than our landed write is skipped",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			s.batchDone(mustTake(t, s), 15)
-			s.applyWatch(etcdstore.WatchBatch{Revision: 12, Events: []etcdstore.Event{put(12, clone(aW3))}})
+			s.ApplyWatch(backend.WatchBatch{Revision: 12, Events: []backend.Event{put(12, clone(aW3))}})
 		},
 		want: 15, wantEP: aDrain,
 	}, {
 		name: "the watch's report of our own write",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
-			stored := s.get(id)
+			stored := s.Get(id)
 			s.batchDone(mustTake(t, s), 15)
-			s.applyWatch(etcdstore.WatchBatch{Revision: 15, Events: []etcdstore.Event{put(15, clone(stored))}})
+			s.ApplyWatch(backend.WatchBatch{Revision: 15, Events: []backend.Event{put(15, clone(stored))}})
 		},
 		want: 15, wantEP: aDrain,
 	}, {
 		name: "a watch delete drops it",
-		run: func(t *testing.T, s *state) {
-			s.applyWatch(etcdstore.WatchBatch{Revision: 12, Events: []etcdstore.Event{del(12, a)}})
+		run: func(t *testing.T, s *State) {
+			s.ApplyWatch(backend.WatchBatch{Revision: 12, Events: []backend.Event{del(12, a)}})
 		},
 		want: 0, wantEP: nil,
 	}, {
 		name: "a watch delete and re-add: the re-add's revision",
-		run: func(t *testing.T, s *state) {
-			s.applyWatch(etcdstore.WatchBatch{Revision: 13, Events: []etcdstore.Event{del(12, a), put(13, clone(a))}})
+		run: func(t *testing.T, s *State) {
+			s.ApplyWatch(backend.WatchBatch{Revision: 13, Events: []backend.Event{del(12, a), put(13, clone(a))}})
 		},
 		want: 13, wantEP: a,
 	}, {
 		name: "a listing's removal drops it",
-		run:  func(t *testing.T, s *state) { s.applyListing(listing(20)) },
+		run:  func(t *testing.T, s *State) { s.ApplyListing(listing(20)) },
 		want: 0, wantEP: nil,
 	}, {
 		name: "a listing leaves a pending write's alone",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
-			s.applyListing(revListing(20, []*registryv1.ServiceEndpoint{clone(aW3)}, []int64{18}))
+			s.ApplyListing(revListing(20, []*registryv1.ServiceEndpoint{clone(aW3)}, []int64{18}))
 		},
 		want: 0, wantEP: aDrain,
 	}, {
 		name: "a listing older than our landed write leaves it alone",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			mustRegister(t, s, clone(aDrain))
 			s.batchDone(mustTake(t, s), 15)
-			s.applyListing(revListing(12, []*registryv1.ServiceEndpoint{clone(aW3)}, []int64{11}))
+			s.ApplyListing(revListing(12, []*registryv1.ServiceEndpoint{clone(aW3)}, []int64{11}))
 		},
 		want: 15, wantEP: aDrain,
 	}, {
 		name: "a background listing leaves the watch's newer word and revision",
-		run: func(t *testing.T, s *state) {
-			s.trackForListing()
-			s.applyWatch(etcdstore.WatchBatch{Revision: 20, Events: []etcdstore.Event{put(18, clone(aDrain))}})
-			s.applyListing(revListing(15, []*registryv1.ServiceEndpoint{clone(a)}, []int64{5}))
+		run: func(t *testing.T, s *State) {
+			s.TrackForListing()
+			s.ApplyWatch(backend.WatchBatch{Revision: 20, Events: []backend.Event{put(18, clone(aDrain))}})
+			s.ApplyListing(revListing(15, []*registryv1.ServiceEndpoint{clone(a)}, []int64{5}))
 		},
 		want: 18, wantEP: aDrain,
 	}, {
 		name: "a listing in steps records revisions",
-		run: func(t *testing.T, s *state) {
+		run: func(t *testing.T, s *State) {
 			l := revListing(20, []*registryv1.ServiceEndpoint{mkEP(t, "db", "10.0.1.1"), clone(aW3)}, []int64{17, 19})
-			ap := newListingApply(l)
-			if !s.beginListing(ap) {
+			ap := NewListingApply(l)
+			if !s.BeginListing(ap) {
 				t.Fatal("listing refused")
 			}
 			for done := false; !done; {
-				_, done = s.stepListing(ap, 1)
+				_, done = s.StepListing(ap, 1)
 			}
 			if got := s.epRev[registry.IDOf(l.Endpoints[0])]; got != 17 {
 				t.Errorf("db endpoint's revision %d, want 17", got)
@@ -289,14 +289,14 @@ func TestEpRevTracksTheStoredValue(t *testing.T) {
 		want: 19, wantEP: aW3,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newState("e", 100, 100)
-			s.applyListing(revListing(10, []*registryv1.ServiceEndpoint{clone(a)}, []int64{5}))
+			s := newStateForTest("e", 100, 100)
+			s.ApplyListing(revListing(10, []*registryv1.ServiceEndpoint{clone(a)}, []int64{5}))
 			tc.run(t, s)
 			got, known := s.epRev[id]
 			if got != tc.want || known != (tc.want != 0) {
 				t.Errorf("epRev %d (recorded %v), want %d", got, known, tc.want)
 			}
-			stored := s.get(id)
+			stored := s.Get(id)
 			switch {
 			case tc.wantEP == nil && stored != nil:
 				t.Errorf("stored %v, want absent", stored)
@@ -312,85 +312,85 @@ func TestEpRevForNodeRecords(t *testing.T) {
 	n1b := &registryv1.Node{Name: "n1", Region: "r", Cluster: "c", Zone: "z2"}
 	n1c := &registryv1.Node{Name: "n1", Region: "r", Cluster: "c", Zone: "z3"}
 	id := registry.NodeIDOf(n1)
-	nodeListing := func(rev int64, ns []*registryv1.Node, revs []int64) etcdstore.Listing {
-		return etcdstore.Listing{Revision: rev, Nodes: ns, NodeRevs: revs}
+	nodeListing := func(rev int64, ns []*registryv1.Node, revs []int64) backend.Listing {
+		return backend.Listing{Revision: rev, Nodes: ns, NodeRevs: revs}
 	}
-	watchNode := func(s *state, batchRev, rev int64, n *registryv1.Node) {
-		s.applyWatch(etcdstore.WatchBatch{Revision: batchRev, Nodes: []etcdstore.NodeEvent{{ID: id, Node: n, Revision: rev}}})
+	watchNode := func(s *State, batchRev, rev int64, n *registryv1.Node) {
+		s.ApplyWatch(backend.WatchBatch{Revision: batchRev, Nodes: []backend.NodeEvent{{ID: id, Node: n, Revision: rev}}})
 	}
 	for _, tc := range []struct {
 		name     string
-		run      func(s *state)
+		run      func(s *State)
 		want     int64
 		wantNode *registryv1.Node
 	}{{
 		name: "a listing records its mod revisions",
-		run:  func(s *state) {}, want: 6, wantNode: n1,
+		run:  func(s *State) {}, want: 6, wantNode: n1,
 	}, {
 		name: "a listing without revisions makes it unknown",
-		run:  func(s *state) { s.applyListing(nodeListing(20, []*registryv1.Node{n1}, nil)) },
+		run:  func(s *State) { s.ApplyListing(nodeListing(20, []*registryv1.Node{n1}, nil)) },
 		want: 0, wantNode: n1,
 	}, {
 		name: "a listing's newer record records its revision",
-		run:  func(s *state) { s.applyListing(nodeListing(20, []*registryv1.Node{n1b}, []int64{19})) },
+		run:  func(s *State) { s.ApplyListing(nodeListing(20, []*registryv1.Node{n1b}, []int64{19})) },
 		want: 19, wantNode: n1b,
 	}, {
 		name: "a listing's removal drops it",
-		run:  func(s *state) { s.applyListing(nodeListing(20, nil, nil)) },
+		run:  func(s *State) { s.ApplyListing(nodeListing(20, nil, nil)) },
 		want: 0, wantNode: nil,
 	}, {
 		name: "our put records its revision",
-		run:  func(s *state) { s.nodePut(n1b, 12) },
+		run:  func(s *State) { s.NodePut(n1b, 12) },
 		want: 12, wantNode: n1b,
 	}, {
 		name: "our revoke drops it",
-		run:  func(s *state) { s.nodeGone(id, 12) },
+		run:  func(s *State) { s.NodeGone(id, 12) },
 		want: 0, wantNode: nil,
 	}, {
 		name: "a watch put records its revision",
-		run:  func(s *state) { watchNode(s, 12, 12, n1b) },
+		run:  func(s *State) { watchNode(s, 12, 12, n1b) },
 		want: 12, wantNode: n1b,
 	}, {
 		name: "a watch delete drops it",
-		run:  func(s *state) { watchNode(s, 12, 12, nil) },
+		run:  func(s *State) { watchNode(s, 12, 12, nil) },
 		want: 0, wantNode: nil,
 	}, {
 		name: "a watch event not newer than the snapshot is skipped",
-		run:  func(s *state) { watchNode(s, 10, 10, n1b) },
+		run:  func(s *State) { watchNode(s, 10, 10, n1b) },
 		want: 6, wantNode: n1,
 	}, {
 		name: "a watch event older than our put is skipped",
-		run: func(s *state) {
-			s.nodePut(n1b, 15)
+		run: func(s *State) {
+			s.NodePut(n1b, 15)
 			watchNode(s, 12, 12, n1c)
 		},
 		want: 15, wantNode: n1b,
 	}, {
 		name: "a listing older than our put keeps ours and its revision",
-		run: func(s *state) {
-			s.nodePut(n1b, 15)
-			s.applyListing(nodeListing(12, []*registryv1.Node{n1c}, []int64{11}))
+		run: func(s *State) {
+			s.NodePut(n1b, 15)
+			s.ApplyListing(nodeListing(12, []*registryv1.Node{n1c}, []int64{11}))
 		},
 		want: 15, wantNode: n1b,
 	}, {
 		name: "a listing older than our revoke keeps it gone",
-		run: func(s *state) {
-			s.nodeGone(id, 15)
-			s.applyListing(nodeListing(12, []*registryv1.Node{n1c}, []int64{11}))
+		run: func(s *State) {
+			s.NodeGone(id, 15)
+			s.ApplyListing(nodeListing(12, []*registryv1.Node{n1c}, []int64{11}))
 		},
 		want: 0, wantNode: nil,
 	}, {
 		name: "a background listing keeps the watch's newer record and revision",
-		run: func(s *state) {
-			s.trackForListing()
+		run: func(s *State) {
+			s.TrackForListing()
 			watchNode(s, 20, 18, n1b)
-			s.applyListing(nodeListing(15, []*registryv1.Node{n1}, []int64{6}))
+			s.ApplyListing(nodeListing(15, []*registryv1.Node{n1}, []int64{6}))
 		},
 		want: 18, wantNode: n1b,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newState("e", 100, 100)
-			s.applyListing(nodeListing(10, []*registryv1.Node{n1}, []int64{6}))
+			s := newStateForTest("e", 100, 100)
+			s.ApplyListing(nodeListing(10, []*registryv1.Node{n1}, []int64{6}))
 			tc.run(s)
 			got, known := s.nodeRev[id]
 			if got != tc.want || known != (tc.want != 0) {
@@ -403,87 +403,20 @@ func TestEpRevForNodeRecords(t *testing.T) {
 	}
 }
 
-// digestFixture is a snapshot at revision 10 and a backend at revision 20
-// that has moved on in every way the comparison must tell apart.
-type digestFixture struct {
-	s       *state
-	kr      etcdstore.KeyRevisions
-	backend etcdstore.Listing // what the backend holds at kr.Revision, with revisions
-	// names of the keys the comparison must take from the snapshot, and
-	// fetch
-	wantHave, wantNeed []string
-}
-
 func epName(id registry.EndpointID) string { return id.Service + "/" + id.IP }
 
-func newDigestFixture(t *testing.T) digestFixture {
-	t.Helper()
-	same := mkEP(t, "web", "10.0.0.1")    // unchanged: have
-	updated := mkEP(t, "web", "10.0.0.2") // updated at 12: need
-	updatedNew := mkEP(t, "web", "10.0.0.2", draining)
-	deleted := mkEP(t, "web", "10.0.0.3") // deleted at 13: neither
-	unknown := mkEP(t, "db", "10.0.1.1")  // listed without a revision: need
-	local := mkEP(t, "db", "10.0.1.2")    // re-registered locally, pending: guarded, have
-	localNew := mkEP(t, "db", "10.0.1.2", weight(7))
-	flushed := mkEP(t, "db", "10.0.1.3", weight(2)) // registered locally, landed at 14: have
-	added := mkEP(t, "auth", "10.0.2.1")            // added at 15 by another writer: need
-	sameAttrs := mkEP(t, "auth", "10.0.2.2")        // rewritten at 16 with the same attributes: need
-	nSame := &registryv1.Node{Name: "n1", Region: "r", Cluster: "c", Zone: "z1"}
-	nUpdated := &registryv1.Node{Name: "n2", Region: "r", Cluster: "c", Zone: "z1"}
-	nUpdatedNew := &registryv1.Node{Name: "n2", Region: "r", Cluster: "c", Zone: "z2"}
-	nDeleted := &registryv1.Node{Name: "n3", Region: "r", Cluster: "c"}
-	nAdded := &registryv1.Node{Name: "n4", Region: "r", Cluster: "c"}
-
-	s := newState("e", 100, 100)
-	s.applyListing(etcdstore.Listing{
-		Revision: 10,
-		// unknown is last, past the end of EndpointRevs: not known.
-		Endpoints:    []*registryv1.ServiceEndpoint{clone(same), clone(updated), clone(deleted), clone(local), clone(sameAttrs), clone(unknown)},
-		EndpointRevs: []int64{3, 4, 5, 6, 7},
-		Nodes:        []*registryv1.Node{nSame, nUpdated, nDeleted},
-		NodeRevs:     []int64{2, 8, 9},
-	})
-	// flushed is registered here and lands at 14; localNew is then
-	// registered and still pending.
-	mustRegister(t, s, clone(flushed))
-	s.batchDone(mustTake(t, s), 14)
-	mustRegister(t, s, clone(localNew))
-
-	// The backend at 20: the local pending write has not landed, so the
-	// backend still has local's listed value (at 6).
-	backend := etcdstore.Listing{
-		Revision:     20,
-		Endpoints:    []*registryv1.ServiceEndpoint{clone(same), clone(updatedNew), clone(unknown), clone(local), clone(flushed), clone(added), clone(sameAttrs)},
-		EndpointRevs: []int64{3, 12, 1, 6, 14, 15, 16},
-		Nodes:        []*registryv1.Node{nSame, nUpdatedNew, nAdded},
-		NodeRevs:     []int64{2, 17, 18},
-	}
-	kr := etcdstore.KeyRevisions{Revision: 20}
-	for i, ep := range backend.Endpoints {
-		kr.Endpoints = append(kr.Endpoints, etcdstore.EndpointRevision{ID: registry.IDOf(ep), ModRevision: backend.EndpointRevs[i]})
-	}
-	for i, n := range backend.Nodes {
-		kr.Nodes = append(kr.Nodes, etcdstore.NodeRevision{ID: registry.NodeIDOf(n), ModRevision: backend.NodeRevs[i]})
-	}
-	return digestFixture{
-		s: s, kr: kr, backend: backend,
-		wantHave: []string{"web/10.0.0.1", "db/10.0.1.2", "db/10.0.1.3", "node n1"},
-		wantNeed: []string{"web/10.0.0.2", "db/10.0.1.1", "auth/10.0.2.1", "auth/10.0.2.2", "node n2", "node n4"},
-	}
-}
-
 // planNames renders a plan's have and need keys, in plan order.
-func planNames(p *digestPlan) (have, need []string) {
+func planNames(p *DigestPlan) (have, need []string) {
 	for _, ep := range p.have.Endpoints {
 		have = append(have, epName(registry.IDOf(ep)))
 	}
 	for _, n := range p.have.Nodes {
 		have = append(have, "node "+n.Name)
 	}
-	for _, id := range p.needEPs {
+	for _, id := range p.NeedEndpoints {
 		need = append(need, epName(id))
 	}
-	for _, id := range p.needNode {
+	for _, id := range p.NeedNodes {
 		need = append(need, "node "+id.Name)
 	}
 	return have, need
@@ -491,8 +424,8 @@ func planNames(p *digestPlan) (have, need []string) {
 
 // fetchAt is GetAt over a listing: the values of the needed keys, with
 // their revisions.
-func fetchAt(l etcdstore.Listing, eps []registry.EndpointID, nodes []registry.NodeID) etcdstore.Listing {
-	f := etcdstore.Listing{Revision: l.Revision}
+func fetchAt(l backend.Listing, eps []registry.EndpointID, nodes []registry.NodeID) backend.Listing {
+	f := backend.Listing{Revision: l.Revision}
 	for i, ep := range l.Endpoints {
 		if slices.Contains(eps, registry.IDOf(ep)) {
 			f.Endpoints = append(f.Endpoints, clone(ep))
@@ -508,125 +441,6 @@ func fetchAt(l etcdstore.Listing, eps []registry.EndpointID, nodes []registry.No
 	return f
 }
 
-func TestDigestCompareClassifies(t *testing.T) {
-	fx := newDigestFixture(t)
-	p := newDigestPlan(fx.kr)
-	if !fx.s.compareDigest(p, math.MaxInt) {
-		t.Fatal("compare not done in one unbounded step")
-	}
-	have, need := planNames(p)
-	if !eq(have, fx.wantHave) || !eq(need, fx.wantNeed) {
-		t.Fatalf("have %v need %v;\nwant have %v need %v", have, need, fx.wantHave, fx.wantNeed)
-	}
-	if p.needs() != len(fx.wantNeed) {
-		t.Errorf("needs() = %d, want %d", p.needs(), len(fx.wantNeed))
-	}
-	// What is taken from the snapshot carries the listed revisions and
-	// the snapshot's own values.
-	if !slices.Equal(p.have.EndpointRevs, []int64{3, 6, 14}) || !slices.Equal(p.have.NodeRevs, []int64{2}) || p.have.Revision != 20 {
-		t.Errorf("have revisions %v %v at %d", p.have.EndpointRevs, p.have.NodeRevs, p.have.Revision)
-	}
-	for _, ep := range p.have.Endpoints {
-		if fx.s.get(registry.IDOf(ep)) != ep {
-			t.Errorf("have %s is not the snapshot's value", epName(registry.IDOf(ep)))
-		}
-	}
-
-	// In small steps: the same plan, one endpoint per step.
-	for _, budget := range []int{1, 2, 3} {
-		p := newDigestPlan(fx.kr)
-		steps := 1
-		for !fx.s.compareDigest(p, budget) {
-			steps++
-			if steps > 100 {
-				t.Fatal("compare never done")
-			}
-		}
-		if want := (len(fx.kr.Endpoints) + budget - 1) / budget; steps != want {
-			t.Errorf("budget %d: %d steps, want %d", budget, steps, want)
-		}
-		h, n := planNames(p)
-		if !eq(h, have) || !eq(n, need) || !slices.Equal(p.have.EndpointRevs, []int64{3, 6, 14}) {
-			t.Errorf("budget %d: have %v need %v, want %v %v", budget, h, n, have, need)
-		}
-	}
-
-	// Nothing needed when the snapshot is exactly the backend.
-	s := newState("e", 100, 100)
-	s.applyListing(fx.backend)
-	p = newDigestPlan(fx.kr)
-	s.compareDigest(p, math.MaxInt)
-	if p.needs() != 0 || len(p.have.Endpoints) != len(fx.kr.Endpoints) || len(p.have.Nodes) != len(fx.kr.Nodes) {
-		t.Errorf("snapshot equal to the backend: need %d, have %d+%d", p.needs(), len(p.have.Endpoints), len(p.have.Nodes))
-	}
-}
-
-// A plan's values, merged with the fetched ones and applied as a listing,
-// repair the snapshot to exactly the backend, with one event per change,
-// and leave it knowing every revision.
-func TestDigestMergeRepairs(t *testing.T) {
-	fx := newDigestFixture(t)
-	s := fx.s
-	p := newDigestPlan(fx.kr)
-	for !s.compareDigest(p, 2) {
-	}
-	f := fetchAt(fx.backend, p.needEPs, p.needNode)
-	if got := len(f.Endpoints) + len(f.Nodes); got != p.needs() {
-		t.Fatalf("fetched %d values, want %d", got, p.needs())
-	}
-	l := p.merge(f)
-	if l.Revision != 20 || len(l.Endpoints) != len(fx.kr.Endpoints) || len(l.EndpointRevs) != len(l.Endpoints) || len(l.Nodes) != len(fx.kr.Nodes) || len(l.NodeRevs) != len(l.Nodes) {
-		t.Fatalf("merged listing at %d: %d endpoints (%d revisions), %d nodes (%d revisions)",
-			l.Revision, len(l.Endpoints), len(l.EndpointRevs), len(l.Nodes), len(l.NodeRevs))
-	}
-	got := types(s.applyListing(l))
-	sort.Strings(got)
-	want := []string{"ENDPOINT_ADDED 10.0.2.1", "ENDPOINT_REMOVED 10.0.0.3", "ENDPOINT_UPDATED 10.0.0.2"}
-	if !eq(got, want) {
-		t.Fatalf("events %v, want %v", got, want)
-	}
-	// The snapshot is the backend, except the pending local write, which
-	// wins.
-	for i, ep := range fx.backend.Endpoints {
-		id := registry.IDOf(ep)
-		stored := s.get(id)
-		if id.IP == "10.0.1.2" {
-			if stored == nil || stored.Weight != 7 {
-				t.Errorf("pending local write reverted: %v", stored)
-			}
-			if _, known := s.epRev[id]; known {
-				t.Errorf("pending local write has revision %d", s.epRev[id])
-			}
-			continue
-		}
-		if stored == nil || !registry.SameAttributes(stored, ep) {
-			t.Errorf("%s: stored %v, want %v", epName(id), stored, ep)
-		}
-		if s.epRev[id] != fx.backend.EndpointRevs[i] {
-			t.Errorf("%s: revision %d, want %d", epName(id), s.epRev[id], fx.backend.EndpointRevs[i])
-		}
-	}
-	if s.len() != len(fx.backend.Endpoints) {
-		t.Errorf("snapshot has %d endpoints, backend %d", s.len(), len(fx.backend.Endpoints))
-	}
-	if len(s.nodes) != len(fx.backend.Nodes) {
-		t.Errorf("snapshot has %d nodes, backend %d", len(s.nodes), len(fx.backend.Nodes))
-	}
-	for i, n := range fx.backend.Nodes {
-		id := registry.NodeIDOf(n)
-		if !proto.Equal(s.nodes[id], n) || s.nodeRev[id] != fx.backend.NodeRevs[i] {
-			t.Errorf("node %s: %v at %d, want %v at %d", id.Name, s.nodes[id], s.nodeRev[id], n, fx.backend.NodeRevs[i])
-		}
-	}
-	// The next comparison needs nothing: the pending write is guarded,
-	// so its value in the backend is not worth fetching.
-	p = newDigestPlan(fx.kr)
-	s.compareDigest(p, math.MaxInt)
-	if _, need := planNames(p); len(need) != 0 {
-		t.Errorf("after the repair the comparison needs %v, want nothing", need)
-	}
-}
-
 // Values taken from the snapshot may be stale by the time the merged
 // listing is applied; a local write or a watch change made after the
 // comparison must still win.
@@ -635,22 +449,22 @@ func TestDigestHaveGoesStaleBeforeApply(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		track bool
-		after func(t *testing.T, s *state) // between comparison and application
+		after func(t *testing.T, s *State) // between comparison and application
 		want  []string
 	}{{
 		name:  "a local register",
-		after: func(t *testing.T, s *state) { mustRegister(t, s, mkEP(t, "web", "10.0.0.1", draining)) },
+		after: func(t *testing.T, s *State) { mustRegister(t, s, mkEP(t, "web", "10.0.0.1", draining)) },
 		want:  []string{"10.0.0.1/STATE_DRAINING", "10.0.0.2/STATE_SERVING"},
 	}, {
 		name: "a local register that landed",
-		after: func(t *testing.T, s *state) {
+		after: func(t *testing.T, s *State) {
 			mustRegister(t, s, mkEP(t, "web", "10.0.0.1", draining))
 			s.batchDone(mustTake(t, s), 21)
 		},
 		want: []string{"10.0.0.1/STATE_DRAINING", "10.0.0.2/STATE_SERVING"},
 	}, {
 		name: "a local unregister",
-		after: func(t *testing.T, s *state) {
+		after: func(t *testing.T, s *State) {
 			if _, err := s.unregister(registry.IDOf(a), time.Time{}); err != nil {
 				t.Fatal(err)
 			}
@@ -658,25 +472,25 @@ func TestDigestHaveGoesStaleBeforeApply(t *testing.T) {
 		want: []string{"10.0.0.2/STATE_SERVING"},
 	}, {
 		name: "a watch change after the listing", track: true,
-		after: func(t *testing.T, s *state) {
-			s.applyWatch(etcdstore.WatchBatch{Revision: 22, Events: []etcdstore.Event{put(21, mkEP(t, "web", "10.0.0.1", draining)), del(22, b)}})
+		after: func(t *testing.T, s *State) {
+			s.ApplyWatch(backend.WatchBatch{Revision: 22, Events: []backend.Event{put(21, mkEP(t, "web", "10.0.0.1", draining)), del(22, b)}})
 		},
 		want: []string{"10.0.0.1/STATE_DRAINING"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newState("e", 100, 100)
-			s.applyListing(revListing(10, []*registryv1.ServiceEndpoint{clone(a), clone(b)}, []int64{3, 4}))
+			s := newStateForTest("e", 100, 100)
+			s.ApplyListing(revListing(10, []*registryv1.ServiceEndpoint{clone(a), clone(b)}, []int64{3, 4}))
 			if tc.track {
-				s.trackForListing()
+				s.TrackForListing()
 			}
-			kr := etcdstore.KeyRevisions{Revision: 20, Endpoints: []etcdstore.EndpointRevision{{ID: registry.IDOf(a), ModRevision: 3}, {ID: registry.IDOf(b), ModRevision: 4}}}
-			p := newDigestPlan(kr)
-			s.compareDigest(p, math.MaxInt)
-			if p.needs() != 0 {
-				t.Fatalf("needs %d", p.needs())
+			kr := backend.KeyRevisions{Revision: 20, Endpoints: []backend.EndpointRevision{{ID: registry.IDOf(a), ModRevision: 3}, {ID: registry.IDOf(b), ModRevision: 4}}}
+			p := NewDigestPlan(kr)
+			s.CompareDigest(p, math.MaxInt)
+			if p.Needs() != 0 {
+				t.Fatalf("needs %d", p.Needs())
 			}
 			tc.after(t, s)
-			s.applyListing(p.merge(etcdstore.Listing{Revision: 20}))
+			s.ApplyListing(p.Merge(backend.Listing{Revision: 20}))
 			if got := snapshotIPs(s); !eq(got, tc.want) {
 				t.Fatalf("snapshot %v, want %v", got, tc.want)
 			}
@@ -705,8 +519,8 @@ type modelBackend struct {
 	rev    int64
 	eps    map[registry.EndpointID][]epWrite
 	nodes  map[registry.NodeID][]nodeWrite
-	watch  bool                   // record changes for a watch
-	unsent []etcdstore.WatchBatch // one per revision, not yet delivered
+	watch  bool                 // record changes for a watch
+	unsent []backend.WatchBatch // one per revision, not yet delivered
 }
 
 // epAt is id's value and mod revision as of rev (nil, 0: absent).
@@ -738,7 +552,7 @@ func (b *modelBackend) nodeAt(id registry.NodeID, rev int64) (*registryv1.Node, 
 
 // commit ends a transaction: etcd moves to a new revision only when the
 // transaction changed something.
-func (b *modelBackend) commit(batch etcdstore.WatchBatch) int64 {
+func (b *modelBackend) commit(batch backend.WatchBatch) int64 {
 	if len(batch.Events)+len(batch.Nodes) == 0 {
 		return b.rev
 	}
@@ -752,13 +566,13 @@ func (b *modelBackend) commit(batch etcdstore.WatchBatch) int64 {
 
 // apply writes muts in one transaction, as Store.Apply does for a batch
 // within MaxTxnOps.
-func (b *modelBackend) apply(muts []etcdstore.Mutation) int64 {
-	var batch etcdstore.WatchBatch
+func (b *modelBackend) apply(muts []backend.Mutation) int64 {
+	var batch backend.WatchBatch
 	for _, m := range muts {
 		if cur, _ := b.epAt(m.ID, b.rev); cur == nil && m.Endpoint == nil {
 			continue // deleting nothing changes nothing
 		}
-		ev := etcdstore.Event{ID: m.ID, Revision: b.rev + 1}
+		ev := backend.Event{ID: m.ID, Revision: b.rev + 1}
 		var v *registryv1.ServiceEndpoint
 		if m.Endpoint != nil {
 			v = clone(m.Endpoint)
@@ -773,16 +587,16 @@ func (b *modelBackend) apply(muts []etcdstore.Mutation) int64 {
 // putNode writes (n) or deletes (id only) a node record.
 func (b *modelBackend) putNode(id registry.NodeID, n *registryv1.Node) int64 {
 	if cur, _ := b.nodeAt(id, b.rev); cur == nil && n == nil {
-		return b.commit(etcdstore.WatchBatch{})
+		return b.commit(backend.WatchBatch{})
 	}
-	ev := etcdstore.NodeEvent{ID: id, Revision: b.rev + 1}
+	ev := backend.NodeEvent{ID: id, Revision: b.rev + 1}
 	var v *registryv1.Node
 	if n != nil {
 		v = proto.Clone(n).(*registryv1.Node)
 		ev.Node = proto.Clone(n).(*registryv1.Node)
 	}
 	b.nodes[id] = append(b.nodes[id], nodeWrite{b.rev + 1, v})
-	return b.commit(etcdstore.WatchBatch{Nodes: []etcdstore.NodeEvent{ev}})
+	return b.commit(backend.WatchBatch{Nodes: []backend.NodeEvent{ev}})
 }
 
 func sortedKeys[K comparable, V any](m map[K]V, key func(K) string) []K {
@@ -798,8 +612,8 @@ func epKey(id registry.EndpointID) string { k, _ := id.Key(); return k }
 func nodeKey(id registry.NodeID) string   { k, _ := id.Key(); return k }
 
 // listAt is List at rev (as Store.List, with revisions).
-func (b *modelBackend) listAt(rev int64) etcdstore.Listing {
-	l := etcdstore.Listing{Revision: rev}
+func (b *modelBackend) listAt(rev int64) backend.Listing {
+	l := backend.Listing{Revision: rev}
 	for _, id := range sortedKeys(b.eps, epKey) {
 		if ep, r := b.epAt(id, rev); ep != nil {
 			l.Endpoints = append(l.Endpoints, clone(ep))
@@ -816,21 +630,21 @@ func (b *modelBackend) listAt(rev int64) etcdstore.Listing {
 }
 
 // keyRevisionsAt is ListRevisions at rev.
-func (b *modelBackend) keyRevisionsAt(rev int64) etcdstore.KeyRevisions {
+func (b *modelBackend) keyRevisionsAt(rev int64) backend.KeyRevisions {
 	l := b.listAt(rev)
-	kr := etcdstore.KeyRevisions{Revision: rev}
+	kr := backend.KeyRevisions{Revision: rev}
 	for i, ep := range l.Endpoints {
-		kr.Endpoints = append(kr.Endpoints, etcdstore.EndpointRevision{ID: registry.IDOf(ep), ModRevision: l.EndpointRevs[i]})
+		kr.Endpoints = append(kr.Endpoints, backend.EndpointRevision{ID: registry.IDOf(ep), ModRevision: l.EndpointRevs[i]})
 	}
 	for i, n := range l.Nodes {
-		kr.Nodes = append(kr.Nodes, etcdstore.NodeRevision{ID: registry.NodeIDOf(n), ModRevision: l.NodeRevs[i]})
+		kr.Nodes = append(kr.Nodes, backend.NodeRevision{ID: registry.NodeIDOf(n), ModRevision: l.NodeRevs[i]})
 	}
 	return kr
 }
 
 // getAt is GetAt at rev.
-func (b *modelBackend) getAt(rev int64, eps []registry.EndpointID, nodes []registry.NodeID) etcdstore.Listing {
-	l := etcdstore.Listing{Revision: rev}
+func (b *modelBackend) getAt(rev int64, eps []registry.EndpointID, nodes []registry.NodeID) backend.Listing {
+	l := backend.Listing{Revision: rev}
 	for _, id := range eps {
 		if ep, r := b.epAt(id, rev); ep != nil {
 			l.Endpoints = append(l.Endpoints, clone(ep))
@@ -851,21 +665,21 @@ func (b *modelBackend) getAt(rev int64, eps []registry.EndpointID, nodes []regis
 type modelListing struct {
 	tracked bool
 	rev     int64
-	plan    *digestPlan // digest: until compared
-	l       etcdstore.Listing
-	apply   *listingApply // once begun
+	plan    *DigestPlan // digest: until compared
+	l       backend.Listing
+	apply   *ListingApply // once begun
 }
 
 type epRevModel struct {
 	t        *testing.T
 	name     string
 	rng      *rand.Rand
-	s        *state
+	s        *State
 	b        *modelBackend
 	poll     bool
 	ids      []registry.EndpointID
 	nodeIDs  []registry.NodeID
-	inflight []etcdstore.Mutation
+	inflight []backend.Mutation
 	nodeOps  []func() // our node writes that landed, not yet recorded in the state
 	lst      *modelListing
 	step     int
@@ -917,7 +731,7 @@ func describe(ep *registryv1.ServiceEndpoint) string {
 func (m *epRevModel) check() {
 	m.t.Helper()
 	for id, r := range m.s.epRev {
-		stored := m.s.get(id)
+		stored := m.s.Get(id)
 		if stored == nil {
 			m.fatalf("%s has revision %d but no stored value", epName(id), r)
 		}
@@ -959,11 +773,11 @@ func (m *epRevModel) deliver(k int) {
 	}
 	if len(m.b.unsent) == 0 {
 		m.logf("watch progress at %d", m.b.rev)
-		m.s.applyWatch(etcdstore.WatchBatch{Revision: m.b.rev})
+		m.s.ApplyWatch(backend.WatchBatch{Revision: m.b.rev})
 		return
 	}
 	k = min(k, len(m.b.unsent))
-	var b etcdstore.WatchBatch
+	var b backend.WatchBatch
 	for _, u := range m.b.unsent[:k] {
 		b.Events = append(b.Events, u.Events...)
 		b.Nodes = append(b.Nodes, u.Nodes...)
@@ -971,7 +785,7 @@ func (m *epRevModel) deliver(k int) {
 	}
 	m.b.unsent = m.b.unsent[k:]
 	m.logf("watch delivers %d revisions up to %d", k, b.Revision)
-	m.s.applyWatch(b)
+	m.s.ApplyWatch(b)
 }
 
 // startListing begins a backstop (digest) or full listing at the
@@ -979,11 +793,11 @@ func (m *epRevModel) deliver(k int) {
 func (m *epRevModel) startListing(digest bool) {
 	tracked := !m.poll && m.rng.Intn(5) != 0
 	if tracked {
-		m.s.trackForListing()
+		m.s.TrackForListing()
 	}
 	m.lst = &modelListing{tracked: tracked, rev: m.b.rev}
 	if digest {
-		m.lst.plan = newDigestPlan(m.b.keyRevisionsAt(m.b.rev))
+		m.lst.plan = NewDigestPlan(m.b.keyRevisionsAt(m.b.rev))
 	} else {
 		m.lst.l = m.b.listAt(m.b.rev)
 	}
@@ -991,28 +805,28 @@ func (m *epRevModel) startListing(digest bool) {
 }
 
 // stepListing moves the listing on by one step; true when it is over.
-func (m *epRevModel) stepListing() bool {
+func (m *epRevModel) StepListing() bool {
 	l := m.lst
 	switch {
 	case l.plan != nil:
-		if !m.s.compareDigest(l.plan, 1+m.rng.Intn(3)) {
+		if !m.s.CompareDigest(l.plan, 1+m.rng.Intn(3)) {
 			m.logf("listing: compare step")
 			return false
 		}
-		f := m.b.getAt(l.rev, l.plan.needEPs, l.plan.needNode)
-		if len(f.Endpoints)+len(f.Nodes) != l.plan.needs() {
-			m.fatalf("fetched %d of %d needed values at %d", len(f.Endpoints)+len(f.Nodes), l.plan.needs(), l.rev)
+		f := m.b.getAt(l.rev, l.plan.NeedEndpoints, l.plan.NeedNodes)
+		if len(f.Endpoints)+len(f.Nodes) != l.plan.Needs() {
+			m.fatalf("fetched %d of %d needed values at %d", len(f.Endpoints)+len(f.Nodes), l.plan.Needs(), l.rev)
 		}
-		m.fetched += l.plan.needs()
+		m.fetched += l.plan.Needs()
 		m.listed += len(l.plan.kr.Endpoints) + len(l.plan.kr.Nodes)
-		m.logf("listing: compared, fetched %d of %d", l.plan.needs(), len(l.plan.kr.Endpoints)+len(l.plan.kr.Nodes))
-		l.l = l.plan.merge(f)
+		m.logf("listing: compared, fetched %d of %d", l.plan.Needs(), len(l.plan.kr.Endpoints)+len(l.plan.kr.Nodes))
+		l.l = l.plan.Merge(f)
 		l.plan = nil
 		return false
 	case l.apply == nil:
-		l.apply = newListingApply(l.l)
-		if !m.s.beginListing(l.apply) {
-			m.s.untrack()
+		l.apply = NewListingApply(l.l)
+		if !m.s.BeginListing(l.apply) {
+			m.s.Untrack()
 			m.logf("listing at %d refused", l.rev)
 			m.endListing()
 			return true
@@ -1020,7 +834,8 @@ func (m *epRevModel) stepListing() bool {
 		m.logf("listing: begun")
 		return false
 	}
-	evs, done := m.s.stepListing(l.apply, 1+m.rng.Intn(2))
+	eff, done := m.s.StepListing(l.apply, 1+m.rng.Intn(2))
+	evs := eff.Events
 	m.logf("listing: apply step, %d events", len(evs))
 	if done {
 		m.endListing()
@@ -1053,7 +868,7 @@ func (m *epRevModel) op() {
 		m.logf("unregister %s (%v)", epName(id), err)
 	case r < 34: // the flusher takes a batch
 		if m.inflight == nil {
-			m.inflight = m.s.takeBatch(1+m.rng.Intn(3), time.Time{})
+			m.inflight = m.s.TakeBatch(1+m.rng.Intn(3), time.Time{})
 			m.logf("take %d", len(m.inflight))
 			if len(m.inflight) == 0 {
 				m.inflight = nil
@@ -1070,11 +885,11 @@ func (m *epRevModel) op() {
 			m.s.batchDone(m.inflight, rev)
 		case k < 9:
 			m.logf("batch of %d failed", len(m.inflight))
-			m.s.batchFailed(m.inflight)
+			m.s.BatchFailed(m.inflight)
 		default: // landed, but the answer was lost
 			rev := m.b.apply(m.inflight)
 			m.logf("batch of %d landed at %d, reported failed", len(m.inflight), rev)
-			m.s.batchFailed(m.inflight)
+			m.s.BatchFailed(m.inflight)
 		}
 		m.inflight = nil
 	case r < 58: // another writer
@@ -1082,9 +897,9 @@ func (m *epRevModel) op() {
 		if other := m.pickID(); other != ids[0] && m.rng.Intn(3) == 0 {
 			ids = append(ids, other)
 		}
-		var muts []etcdstore.Mutation
+		var muts []backend.Mutation
 		for _, id := range ids {
-			mut := etcdstore.Mutation{ID: id}
+			mut := backend.Mutation{ID: id}
 			if m.rng.Intn(4) != 0 {
 				mut.Endpoint = m.randomEP(id)
 			}
@@ -1103,9 +918,9 @@ func (m *epRevModel) op() {
 		rev := m.b.putNode(id, n)
 		record := func() {
 			if n != nil {
-				m.s.nodePut(n, rev)
+				m.s.NodePut(n, rev)
 			} else {
-				m.s.nodeGone(id, rev)
+				m.s.NodeGone(id, rev)
 			}
 		}
 		m.logf("our node %s put %v at %d", id.Name, n != nil, rev)
@@ -1133,7 +948,7 @@ func (m *epRevModel) op() {
 		if m.lst == nil {
 			m.startListing(m.rng.Intn(3) != 0)
 		} else {
-			m.stepListing()
+			m.StepListing()
 		}
 	}
 }
@@ -1144,7 +959,7 @@ func (m *epRevModel) op() {
 func (m *epRevModel) settle() {
 	m.logf("settle")
 	for m.lst != nil {
-		m.stepListing()
+		m.StepListing()
 		m.check()
 	}
 	if m.inflight != nil {
@@ -1156,7 +971,7 @@ func (m *epRevModel) settle() {
 	}
 	m.nodeOps = nil
 	for {
-		b := m.s.takeBatch(100, time.Time{})
+		b := m.s.TakeBatch(100, time.Time{})
 		if len(b) == 0 {
 			break
 		}
@@ -1164,9 +979,9 @@ func (m *epRevModel) settle() {
 	}
 	m.deliver(len(m.b.unsent))
 	m.check()
-	m.lst = &modelListing{rev: m.b.rev, plan: newDigestPlan(m.b.keyRevisionsAt(m.b.rev))}
+	m.lst = &modelListing{rev: m.b.rev, plan: NewDigestPlan(m.b.keyRevisionsAt(m.b.rev))}
 	for m.lst != nil {
-		m.stepListing()
+		m.StepListing()
 	}
 	m.check()
 	if d := m.s.queue.depth(); d != 0 {
@@ -1174,7 +989,7 @@ func (m *epRevModel) settle() {
 	}
 	for _, id := range m.ids {
 		want, _ := m.b.epAt(id, m.b.rev)
-		got := m.s.get(id)
+		got := m.s.Get(id)
 		if (want == nil) != (got == nil) || (want != nil && !registry.SameAttributes(got, want)) {
 			m.fatalf("after settling, %s is %s in the snapshot and %s in the backend", epName(id), describe(got), describe(want))
 		}
@@ -1185,9 +1000,9 @@ func (m *epRevModel) settle() {
 			m.fatalf("after settling, node %s is %v in the snapshot and %v in the backend", id.Name, got, want)
 		}
 	}
-	p := newDigestPlan(m.b.keyRevisionsAt(m.b.rev))
-	m.s.compareDigest(p, math.MaxInt)
-	if p.needs() != 0 {
+	p := NewDigestPlan(m.b.keyRevisionsAt(m.b.rev))
+	m.s.CompareDigest(p, math.MaxInt)
+	if p.Needs() != 0 {
 		_, need := planNames(p)
 		m.fatalf("after settling, a backstop would still fetch %v", need)
 	}
@@ -1201,7 +1016,7 @@ func TestEpRevRandomModel(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				m := &epRevModel{
 					t: t, name: name, rng: rand.New(rand.NewSource(seed)), poll: poll,
-					s: newState("e", 1000, 1000),
+					s: newStateForTest("e", 1000, 1000),
 					b: &modelBackend{eps: map[registry.EndpointID][]epWrite{}, nodes: map[registry.NodeID][]nodeWrite{}, watch: !poll},
 				}
 				for _, svc := range []string{"web", "db"} {
@@ -1214,11 +1029,11 @@ func TestEpRevRandomModel(t *testing.T) {
 				}
 				// The registry at start-up.
 				for _, id := range m.ids[:4] {
-					m.b.apply([]etcdstore.Mutation{{ID: id, Endpoint: m.randomEP(id)}})
+					m.b.apply([]backend.Mutation{{ID: id, Endpoint: m.randomEP(id)}})
 				}
 				m.b.putNode(m.nodeIDs[0], m.randomNode(m.nodeIDs[0]))
 				m.b.unsent = nil
-				m.s.applyListing(m.b.listAt(m.b.rev))
+				m.s.ApplyListing(m.b.listAt(m.b.rev))
 				m.check()
 				for m.step = 1; m.step <= steps; m.step++ {
 					m.op()
@@ -1244,7 +1059,7 @@ func TestEpRevRandomModel(t *testing.T) {
 // again; the result is the backend either way.
 func TestDigestScopeSkipsCleanServices(t *testing.T) {
 	eps := map[string][]*registryv1.ServiceEndpoint{}
-	var start etcdstore.Listing
+	var start backend.Listing
 	rev := int64(0)
 	for _, svc := range []string{"clean", "changed", "gone", "vanished"} {
 		for _, ip := range []string{"10.0.0.1", "10.0.0.2"} {
@@ -1256,34 +1071,34 @@ func TestDigestScopeSkipsCleanServices(t *testing.T) {
 		}
 	}
 	start.Revision = rev
-	s := newState("e", 100, 100)
-	s.applyListing(start)
+	s := newStateForTest("e", 100, 100)
+	s.ApplyListing(start)
 
 	// The backend at 20: changed's second endpoint rewritten, gone's
 	// second deleted, every endpoint of vanished deleted.
 	changed := mkEP(t, "changed", "10.0.0.2", draining)
-	backend := etcdstore.Listing{Revision: 20}
+	held := backend.Listing{Revision: 20}
 	for i, ep := range start.Endpoints {
 		switch {
 		case ep.Service == "changed" && ep.Ip == "10.0.0.2":
-			backend.Endpoints = append(backend.Endpoints, changed)
-			backend.EndpointRevs = append(backend.EndpointRevs, 19)
+			held.Endpoints = append(held.Endpoints, changed)
+			held.EndpointRevs = append(held.EndpointRevs, 19)
 		case ep.Service == "gone" && ep.Ip == "10.0.0.2", ep.Service == "vanished":
 		default:
-			backend.Endpoints = append(backend.Endpoints, ep)
-			backend.EndpointRevs = append(backend.EndpointRevs, start.EndpointRevs[i])
+			held.Endpoints = append(held.Endpoints, ep)
+			held.EndpointRevs = append(held.EndpointRevs, start.EndpointRevs[i])
 		}
 	}
-	kr := etcdstore.KeyRevisions{Revision: 20}
-	for i, ep := range backend.Endpoints {
-		kr.Endpoints = append(kr.Endpoints, etcdstore.EndpointRevision{ID: registry.IDOf(ep), ModRevision: backend.EndpointRevs[i]})
+	kr := backend.KeyRevisions{Revision: 20}
+	for i, ep := range held.Endpoints {
+		kr.Endpoints = append(kr.Endpoints, backend.EndpointRevision{ID: registry.IDOf(ep), ModRevision: held.EndpointRevs[i]})
 	}
 
-	p := newDigestPlan(kr)
-	for !s.compareDigest(p, 3) {
+	p := NewDigestPlan(kr)
+	for !s.CompareDigest(p, 3) {
 	}
 	var dirty []string
-	for svc := range p.dirty {
+	for svc := range p.Dirty {
 		dirty = append(dirty, svc)
 	}
 	sort.Strings(dirty)
@@ -1291,9 +1106,9 @@ func TestDigestScopeSkipsCleanServices(t *testing.T) {
 		t.Fatalf("dirty services %v, want %v", dirty, want)
 	}
 
-	a := newListingApply(p.merge(fetchAt(backend, p.needEPs, p.needNode)))
-	a.scope = p.dirty
-	if !s.beginListing(a) {
+	a := NewListingApply(p.Merge(fetchAt(held, p.NeedEndpoints, p.NeedNodes)))
+	a.Scope = p.Dirty
+	if !s.BeginListing(a) {
 		t.Fatal("listing ignored")
 	}
 	got := slices.Clone(a.services)
@@ -1303,20 +1118,20 @@ func TestDigestScopeSkipsCleanServices(t *testing.T) {
 	}
 	var names []string
 	for done := false; !done; {
-		step, d := s.stepListing(a, 1)
-		names, done = append(names, types(step)...), d
+		step, d := s.StepListing(a, 1)
+		names, done = append(names, types(step.Events)...), d
 	}
 	sort.Strings(names)
 	if want := []string{"ENDPOINT_REMOVED 10.0.0.1", "ENDPOINT_REMOVED 10.0.0.2", "ENDPOINT_REMOVED 10.0.0.2", "ENDPOINT_UPDATED 10.0.0.2"}; !eq(names, want) {
 		t.Fatalf("events %v, want %v", names, want)
 	}
-	if s.len() != len(backend.Endpoints) || s.get(registry.IDOf(changed)).GetState() != registryv1.State_STATE_DRAINING {
-		t.Fatalf("snapshot of %d endpoints (backend %d), changed is %v", s.len(), len(backend.Endpoints), s.get(registry.IDOf(changed)))
+	if s.Len() != len(held.Endpoints) || s.Get(registry.IDOf(changed)).GetState() != registryv1.State_STATE_DRAINING {
+		t.Fatalf("snapshot of %d endpoints (backend %d), changed is %v", s.Len(), len(held.Endpoints), s.Get(registry.IDOf(changed)))
 	}
 	// Nothing left to fetch or reconcile.
-	p = newDigestPlan(kr)
-	s.compareDigest(p, math.MaxInt)
-	if p.needs() != 0 || len(p.dirty) != 0 {
-		t.Fatalf("after the repair: %d to fetch, dirty %v", p.needs(), p.dirty)
+	p = NewDigestPlan(kr)
+	s.CompareDigest(p, math.MaxInt)
+	if p.Needs() != 0 || len(p.Dirty) != 0 {
+		t.Fatalf("after the repair: %d to fetch, dirty %v", p.Needs(), p.Dirty)
 	}
 }
