@@ -15,6 +15,7 @@ import (
 // replicator: each region's endpoints reach the other's watchers through
 // the mirror, and removals follow.
 func TestTwoRegionsSeeEachOther(t *testing.T) {
+	t.Parallel()
 	ea, eb := etcdtest.Start(t), etcdtest.Start(t)
 	region := func(name, peer string, peerEtcd *etcdtest.Cluster) func(*registrar.Options) {
 		return func(o *registrar.Options) {
@@ -81,6 +82,7 @@ func TestTwoRegionsSeeEachOther(t *testing.T) {
 }
 
 func TestPeerEtcdFlagErrors(t *testing.T) {
+	t.Parallel()
 	for _, spec := range []string{"", "rb", "=http://x:2379", "r1=http://x:2379", "a/b=http://x:2379"} {
 		_, err := registrar.Start(context.Background(), registrar.Options{
 			Region: "r1", PeerEtcd: []string{spec}, GRPCAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", Logger: quietLogger(),

@@ -228,6 +228,7 @@ func scrapeMetric(t testing.TB, url, name string) (float64, bool) {
 }
 
 func TestWritePathReachesWatcherAndSchemaKey(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints())
@@ -275,6 +276,7 @@ func TestWritePathReachesWatcherAndSchemaKey(t *testing.T) {
 }
 
 func TestCrossReplica(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	a := startRegistrar(t, etcd.Endpoints())
 	b := startRegistrar(t, etcd.Endpoints())
@@ -304,6 +306,7 @@ func TestCrossReplica(t *testing.T) {
 }
 
 func TestRestartOnSameDataDirServesSameEndpoints(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	embedded := func(o *registrar.Options) {
 		o.EtcdEndpoints = nil
@@ -339,6 +342,7 @@ func TestRestartOnSameDataDirServesSameEndpoints(t *testing.T) {
 }
 
 func TestEtcdUnavailableServesSnapshotAndLosesNoWrite(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints())
