@@ -207,6 +207,7 @@ func startAt(t *testing.T, addr string, mut ...func(*registrar.Options)) *regist
 	t.Helper()
 	o := registrar.Options{GRPCAddr: addr, HTTPAddr: "127.0.0.1:0", ClusterName: "c1", Region: "r1", Logger: quietLogger()}
 	o.ProgressInterval = 50 * time.Millisecond
+	o.NodeTTL = testNodeTTL
 	for _, m := range mut {
 		m(&o)
 	}

@@ -33,11 +33,20 @@ var (
 func startRegistrar(t testing.TB, endpoints []string, mut ...func(*registrar.Options)) *registrar.Server {
 	t.Helper()
 	o := registrar.Options{EtcdEndpoints: endpoints, ClusterName: "c1", Region: "r1"}
+	o.NodeTTL = testNodeTTL
 	for _, m := range mut {
 		m(&o)
 	}
 	return regtest.Start(t, o)
 }
+
+// testNodeTTL is the tests' --node-ttl where they set none. ep's endpoints
+// belong to node n1, which most tests never announce, and the ghost sweep
+// removes such an endpoint once it is NodeTTL old: under the default 30s,
+// a test that a loaded machine (many tests in parallel, the race
+// detector) slows past that would see its endpoints vanish. The tests of
+// nodes and of the sweep set NodeTTL themselves.
+const testNodeTTL = time.Hour
 
 func ep(svc, ip string, port uint32) *registryv1.ServiceEndpoint {
 	return &registryv1.ServiceEndpoint{
