@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/aethermesh/aether/internal/testutil/logbuf"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 	"net"
 	"net/http"
 	"os"
@@ -276,13 +277,8 @@ func TestRegistrarFlagErrors(t *testing.T) {
 	}
 }
 
+// waitFor is wait.For with the one deadline these tests' waits share.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, what, 15*time.Second, cond)
 }

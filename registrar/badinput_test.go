@@ -12,6 +12,7 @@ import (
 )
 
 func TestBadInputIsRejectedAndChangesNothing(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints())

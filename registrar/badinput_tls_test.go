@@ -263,6 +263,7 @@ func endpointKey(t *testing.T, e *registryv1.ServiceEndpoint) string {
 // plus limits and, as a node, authorization refusals. Every case gets its
 // precise status, and etcd is byte-for-byte unchanged afterwards.
 func TestBadInputOverTLSWithAuthz(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)

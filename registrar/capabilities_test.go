@@ -83,6 +83,7 @@ func serveOn(t *testing.T, store backend.Store, mut ...func(*registrar.Options))
 // and a second registrar on the same store learns the first one's writes
 // by polling, the only sync there is without a change feed.
 func TestStoreWithoutCapabilitiesServesAndPolls(t *testing.T) {
+	t.Parallel()
 	m := memory.New(memory.Options{})
 	poll := func(o *registrar.Options) { o.SyncInterval = 100 * time.Millisecond }
 	_, ca := serveOn(t, storeOnly{m}, poll)
@@ -114,6 +115,7 @@ func TestStoreWithoutCapabilitiesServesAndPolls(t *testing.T) {
 // Asking to watch a store that has no change feed fails, naming the flag
 // and the fix; poll, or no choice at all, runs.
 func TestWatchModeRefusedWithoutChangeFeed(t *testing.T) {
+	t.Parallel()
 	m := memory.New(memory.Options{})
 	_, err := registrar.New(registrar.Options{SyncMode: registrar.SyncWatch}, storeOnly{m})
 	if err == nil || !strings.Contains(err.Error(), "--sync-mode") || !strings.Contains(err.Error(), "use --sync-mode poll") {
@@ -132,6 +134,7 @@ func TestWatchModeRefusedWithoutChangeFeed(t *testing.T) {
 // Without a keys-only digest the backstop takes full listings, next to a
 // running watch.
 func TestBackstopListsInFullWithoutDigest(t *testing.T) {
+	t.Parallel()
 	m := memory.New(memory.Options{})
 	store := &countingStore{Store: m, Watcher: m}
 	serveOn(t, store, func(o *registrar.Options) { o.SyncInterval = 100 * time.Millisecond })
@@ -142,6 +145,7 @@ func TestBackstopListsInFullWithoutDigest(t *testing.T) {
 // With a digest the backstop lists keys only: the listing Start took is
 // the only full one (the counting wrapper hides nothing else).
 func TestBackstopUsesDigestWhenOffered(t *testing.T) {
+	t.Parallel()
 	m := memory.New(memory.Options{})
 	var backstops atomic.Int64
 	store := &struct {
@@ -169,6 +173,7 @@ func (d *digestCounter) ListRevisionsInParts(ctx context.Context, p backend.Part
 // FAILED_PRECONDITION naming the missing capability, which a client treats
 // as permanent: no retry can give the store leases.
 func TestNodeCallsWithoutLeases(t *testing.T) {
+	t.Parallel()
 	m := memory.New(memory.Options{})
 	_, c := serveOn(t, storeWithWatcher{m, m})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

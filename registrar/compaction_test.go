@@ -19,6 +19,7 @@ func stripScheme(u string) string {
 }
 
 func TestCompactionDuringBrokenWatchResyncs(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	px, err := faultproxy.Start(stripScheme(etcd.Endpoints()[0]))

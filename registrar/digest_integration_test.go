@@ -161,6 +161,7 @@ func wantFetched(t *testing.T, s *server.Server, want float64, what string) {
 }
 
 func TestBackstopDigestPollFetchesOnlyChangedValues(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	b := newDigestBackend(t, etcd)
 	s, w := startPolling(t, b, etcd.Endpoints())
@@ -200,8 +201,8 @@ func TestBackstopDigestPollFetchesOnlyChangedValues(t *testing.T) {
 
 // etcdTxns is how many Txn calls etcd has answered (GetAt reads values a
 // Txn at a time; a full listing uses Range). etcd's metrics are per
-// process, so callers compare two readings; no other test of this package
-// runs in parallel.
+// process, counting the calls to every etcd this test binary runs, so
+// callers compare two readings and do not run in parallel with the others.
 func etcdTxns(t *testing.T, etcd *etcdtest.Cluster) float64 {
 	t.Helper()
 	resp, err := http.Get(etcd.Endpoints()[0] + "/metrics")
@@ -236,6 +237,7 @@ func etcdTxns(t *testing.T, etcd *etcdtest.Cluster) float64 {
 // listing them all: the backstop falls back to a full listing, and still
 // converges.
 func TestBackstopDigestPollFullListingFallback(t *testing.T) {
+	// Not parallel: see etcdTxns.
 	etcd := etcdtest.Start(t)
 	// The registrar reaches etcd through a proxy, so that all the changes
 	// can be made while it cannot read, and its next backstop sees them
@@ -284,14 +286,17 @@ func TestBackstopDigestPollFullListingFallback(t *testing.T) {
 // revision each write landed at, including a flush that etcd's limit of
 // 128 operations per transaction splits over several revisions.
 func TestBackstopDigestKnowsItsOwnFlushes(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
 		o.SyncMode = registrar.SyncPoll
 		o.SyncInterval = 100 * time.Millisecond
 		o.SyncDebounce = 10 * time.Millisecond
-		// One flush of everything below: three transactions.
-		o.WriteBatchInterval = 2 * time.Second
-		o.WriteBatchSize = 1000
+		// One flush of the 300 below, started by their count rather than
+		// by a timer that a loaded machine could let run out before the
+		// last of them is queued: three transactions.
+		o.WriteBatchInterval = time.Hour
+		o.WriteBatchSize = 300
 	})
 	c := dial(t, s.GRPCAddr())
 	register(t, c, ep("web", "10.1.0.1", 80)) // a leading-edge flush of one
@@ -299,10 +304,10 @@ func TestBackstopDigestKnowsItsOwnFlushes(t *testing.T) {
 	for i := range 300 {
 		register(t, c, ep(fmt.Sprint("svc", i%7), fmt.Sprintf("10.2.%d.%d", i/250, i%250+1), 80))
 	}
-	if n := s.Registrar().PendingWrites(); n < 200 {
-		t.Fatalf("%d writes pending; the test needs them flushed together", n)
-	}
 	waitFor(t, "the big flush", 10*time.Second, func() bool { return s.Registrar().PendingWrites() == 0 })
+	if n, sum := metricValue(t, s.HTTPAddr(), "registrar_write_batch_size_count"), metricValue(t, s.HTTPAddr(), "registrar_write_batch_size_sum"); n != 2 || sum != 301 {
+		t.Fatalf("%v flushes of %v writes in all; the test needs two, of 1 and 300", n, sum)
+	}
 	// The start-up listing of an empty registry read nothing, and neither
 	// may any backstop since: every value is the registrar's own.
 	wantFetched(t, s, 0, "after 301 registrations flushed by the registrar itself")

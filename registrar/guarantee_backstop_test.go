@@ -18,6 +18,7 @@ import (
 // writers and another cluster's transaction keep changing it: every
 // guarantee holds on B's streams, and B ends exactly where A is.
 func TestGuaranteeBackstopListingBesideTheWatch(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	// Enough endpoints, over enough services, that one listing takes

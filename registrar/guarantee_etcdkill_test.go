@@ -31,9 +31,15 @@ import (
 // history, every acknowledged write is in that history (and so in every
 // stream whose filter takes it), and etcd ends up holding exactly what the
 // registrar lists.
-func TestGuaranteeEtcdLeaderKilled(t *testing.T) { testEtcdMemberKilled(t, false) }
+func TestGuaranteeEtcdLeaderKilled(t *testing.T) {
+	t.Parallel()
+	testEtcdMemberKilled(t, false)
+}
 
-func TestGuaranteeEtcdOnlyMemberKilled(t *testing.T) { testEtcdMemberKilled(t, true) }
+func TestGuaranteeEtcdOnlyMemberKilled(t *testing.T) {
+	t.Parallel()
+	testEtcdMemberKilled(t, true)
+}
 
 // testEtcdMemberKilled runs the test; onlyKill: the registrar knows only
 // the member killed.

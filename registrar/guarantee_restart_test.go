@@ -17,7 +17,6 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
-	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/watchcheck"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
@@ -33,11 +32,13 @@ import (
 // removed comes back. watchcheck.CheckEpochs judges both incarnations'
 // streams and the switch between them.
 func TestGuaranteeRegistrarRestart(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		embedded bool
 	}{{"ExternalEtcd", false}, {"EmbeddedEtcdSameDataDir", true}} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			var opts func(*server.Config)
 			if tc.embedded {
 				dir := t.TempDir()
@@ -55,8 +56,10 @@ func TestGuaranteeRegistrarRestart(t *testing.T) {
 }
 
 func testRestart(t *testing.T, backend func(*server.Config)) {
-	addr := regtest.FreeAddr(t)
-	s1 := startAt(t, addr, backend)
+	// The first incarnation binds a port of its own choosing, which no
+	// other test can take before it does; the restart reuses it.
+	s1 := startAt(t, "127.0.0.1:0", backend)
+	addr := s1.GRPCAddr()
 	c := dial(t, addr) // one connection across the restart, as a client has
 	ref1 := reference(t, c)
 	old := filteredStreams(t, dial(t, addr), "e1-")
@@ -205,6 +208,7 @@ func startAt(t *testing.T, addr string, mut ...func(*server.Config)) *server.Ser
 	t.Helper()
 	o := server.Config{GRPCAddr: addr, HTTPAddr: "127.0.0.1:0", Options: registrar.Options{ClusterName: "c1", Region: "r1", Logger: quietLogger()}}
 	o.ProgressInterval = 50 * time.Millisecond
+	o.NodeTTL = testNodeTTL
 	for _, m := range mut {
 		m(&o)
 	}

@@ -20,6 +20,7 @@ import (
 // or repeated across the change. One stream is cut off and resumes with its
 // token, adding a service right after the start as the client library does.
 func TestGuaranteeSubscribeServiceChanges(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints(), fastProgress)

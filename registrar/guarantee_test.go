@@ -268,6 +268,7 @@ func foreignEP(svc, ip string) *registryv1.ServiceEndpoint {
 func fastProgress(o *server.Config) { o.ProgressInterval = 50 * time.Millisecond }
 
 func TestGuaranteeSlowConsumerEvictedAndResumed(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), fastProgress, func(o *server.Config) { o.WatchBuffer = 512 })
 	c := dial(t, s.GRPCAddr())
@@ -316,6 +317,7 @@ func TestGuaranteeSlowConsumerEvictedAndResumed(t *testing.T) {
 }
 
 func TestGuaranteeClientConnectionCutAndResume(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints(), fastProgress)
@@ -362,6 +364,7 @@ func TestGuaranteeClientConnectionCutAndResume(t *testing.T) {
 }
 
 func TestGuaranteeCompactionWhileWatchBroken(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	px, err := faultproxy.Start(stripScheme(etcd.Endpoints()[0]))
@@ -432,6 +435,7 @@ func TestGuaranteeCompactionWhileWatchBroken(t *testing.T) {
 }
 
 func TestGuaranteeCrossReplica(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	a := startRegistrar(t, etcd.Endpoints(), fastProgress)

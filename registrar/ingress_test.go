@@ -189,6 +189,7 @@ func persistsPromptly(t *testing.T, c registrarv1.RegistrarClient, cli *clientv3
 const flushInterval = 250 * time.Millisecond
 
 func TestIngressUnknownFieldsAreDropped(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.WriteBatchInterval = flushInterval })
@@ -271,6 +272,7 @@ func TestIngressUnknownFieldsAreDropped(t *testing.T) {
 }
 
 func TestIngressOversizedKnownFieldsAreRefused(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	// Metadata limits raised far beyond the byte bound: the bound still
@@ -319,6 +321,7 @@ func TestIngressOversizedKnownFieldsAreRefused(t *testing.T) {
 // what an acknowledgement promises holds only if the flusher's
 // transactions of them fit etcd's request size limit.
 func TestIngressEndpointsAtTheBoundPersistInFullBatches(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	// One interval long enough for every registration to be pending when
@@ -370,6 +373,7 @@ func TestIngressEndpointsAtTheBoundPersistInFullBatches(t *testing.T) {
 }
 
 func TestIngressMalformedMessagesAreInvalidArgument(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.WriteBatchInterval = flushInterval })

@@ -363,6 +363,7 @@ func (g *lwRig) check(round int, last []lwWrite, views [3]lwView) int {
 // each through a replica other than the one before it: every endpoint ends
 // as its last acknowledged write left it, on both replicas and in etcd.
 func TestLastWinsAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	const endpoints, rounds = 6, 5
 	g := newLWRig(t, "lastwins", endpoints, lwInterval)
 	seed := time.Now().UnixNano()
@@ -387,15 +388,17 @@ func TestLastWinsAcrossReplicas(t *testing.T) {
 // is known persisted either because it waited for that (wait_persisted) or
 // because the test saw its key in etcd before turning to R2.
 func TestReadYourWritesAcrossReplicas(t *testing.T) {
-	t.Run("wait_persisted", func(t *testing.T) { testReadYourWrites(t, true) })
-	t.Run("seen_in_etcd", func(t *testing.T) { testReadYourWrites(t, false) })
+	t.Parallel()
+	t.Run("wait_persisted", func(t *testing.T) { t.Parallel(); testReadYourWrites(t, true) })
+	t.Run("seen_in_etcd", func(t *testing.T) { t.Parallel(); testReadYourWrites(t, false) })
 }
 
 func testReadYourWrites(t *testing.T, waitPersisted bool) {
 	const n = 200
 	// A short interval only keeps the test quick: each registration
-	// waits for its flush before R2 is asked.
-	g := newLWRig(t, "ryw", 1, 20*time.Millisecond)
+	// waits for its flush before R2 is asked, and with flushes spaced
+	// leading-edge that flush starts the interval after the previous one.
+	g := newLWRig(t, "ryw", 1, time.Millisecond)
 	cli := g.etcd.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -487,6 +490,7 @@ func testReadYourWrites(t *testing.T, waitPersisted bool) {
 // once more through each in turn. The record on both replicas and in etcd
 // carries the labels of the last acknowledged announcement.
 func TestLastWinsNodeRecordAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	g := newLWRig(t, "lastwins", 1, lwInterval)
 	cli := g.etcd.Client(t)
 	var seq atomic.Int64

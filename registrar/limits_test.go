@@ -37,6 +37,7 @@ func settled(t *testing.T, c registrarv1.RegistrarClient, cli *clientv3.Client, 
 }
 
 func TestLimitMaxRecvMsgSize(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.MaxRecvMsgSize = 64 << 10 })
@@ -55,6 +56,7 @@ func TestLimitMaxRecvMsgSize(t *testing.T) {
 }
 
 func TestLimitMetadata(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
@@ -113,6 +115,7 @@ func subscribe(t *testing.T, c registrarv1.RegistrarClient, services ...string) 
 }
 
 func TestLimitMaxWatchServices(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.MaxWatchServices = 3 })
 	c := dial(t, s.GRPCAddr())
@@ -163,6 +166,7 @@ func TestLimitMaxWatchServices(t *testing.T) {
 }
 
 func TestLimitMaxStreamsPerIdentityPlaintext(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.MaxStreamsPerIdentity = 2 })
 	c := dial(t, s.GRPCAddr())
@@ -216,6 +220,7 @@ func TestLimitMaxStreamsPerIdentityPlaintext(t *testing.T) {
 }
 
 func TestLimitMaxStreamsPerIdentityMTLS(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	m := newMesh(t, "example.org")
 	srv, _ := startSecure(t, etcd, m, func(o *server.Config) { o.MaxStreamsPerIdentity = 1 })
@@ -234,6 +239,7 @@ func TestLimitMaxStreamsPerIdentityMTLS(t *testing.T) {
 }
 
 func TestLimitMaxEndpointsPerNode(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.MaxEndpointsPerNode = 2 })

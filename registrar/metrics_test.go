@@ -31,6 +31,7 @@ func promtool(t *testing.T) string {
 // example alerts of docs/alerts.yml and checks that every registrar_*
 // metric they use is one the registrar exports.
 func TestMetricsPassPromtool(t *testing.T) {
+	t.Parallel()
 	tool := promtool(t)
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints())

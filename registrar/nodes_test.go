@@ -42,6 +42,7 @@ func nodeRecord(t testing.TB, cli *clientv3.Client, name string) *clientv3.GetRe
 }
 
 func TestNodeLeaseLapseRemovesNodeAndItsEndpoints(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	ttl := 2 * time.Second
@@ -117,6 +118,7 @@ func TestNodeLeaseLapseRemovesNodeAndItsEndpoints(t *testing.T) {
 }
 
 func TestSweepNeverTouchesAnotherCluster(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -160,6 +162,7 @@ func TestSweepNeverTouchesAnotherCluster(t *testing.T) {
 }
 
 func TestLeaveAndReannounce(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints())

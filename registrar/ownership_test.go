@@ -38,6 +38,7 @@ func listedIPs(t *testing.T, c registrarv1.RegistrarClient) map[string]bool {
 // changes. Once the node is gone, anyone may remove it. Endpoints without
 // a node are anyone's.
 func TestUnregisterOfALiveNodesEndpointIsTheNodesAlone(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints())
@@ -107,6 +108,7 @@ func TestUnregisterOfALiveNodesEndpointIsTheNodesAlone(t *testing.T) {
 // ListNodes reports, next to each node's own claim, what the registrar
 // holds of its endpoints and how many of those serve, as of the call.
 func TestListNodesReportsHeldEndpoints(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints())
 	c := dial(t, s.GRPCAddr())

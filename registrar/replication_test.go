@@ -16,6 +16,7 @@ import (
 // replicator: each region's endpoints reach the other's watchers through
 // the mirror, and removals follow.
 func TestTwoRegionsSeeEachOther(t *testing.T) {
+	t.Parallel()
 	ea, eb := etcdtest.Start(t), etcdtest.Start(t)
 	region := func(name, peer string, peerEtcd *etcdtest.Cluster) func(*server.Config) {
 		return func(o *server.Config) {
@@ -82,6 +83,7 @@ func TestTwoRegionsSeeEachOther(t *testing.T) {
 }
 
 func TestPeerEtcdFlagErrors(t *testing.T) {
+	t.Parallel()
 	for _, spec := range []string{"", "rb", "=http://x:2379", "r1=http://x:2379", "a/b=http://x:2379"} {
 		_, err := server.Start(context.Background(), server.Config{
 			PeerEtcd:      []string{spec},

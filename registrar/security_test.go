@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"github.com/aethermesh/aether/internal/testutil/logbuf"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -148,6 +150,7 @@ func httpsMetric(t *testing.T, addr, caFile, sample string) string {
 }
 
 func TestMTLSRequiresClientCertificate(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	m := newMesh(t, "example.org")
 	srv, _ := startSecure(t, etcd, m)
@@ -181,6 +184,7 @@ func TestMTLSRequiresClientCertificate(t *testing.T) {
 }
 
 func TestMTLSForeignTrustDomainRejected(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	m := newMesh(t, "example.org")
 	foreign := newMesh(t, "other.org")
@@ -217,6 +221,7 @@ func TestMTLSForeignTrustDomainRejected(t *testing.T) {
 }
 
 func TestNodeAuthorization(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	m := newMesh(t, "example.org")
@@ -343,6 +348,7 @@ func wantLogLine(t *testing.T, logs string, parts ...string) {
 }
 
 func TestTLSCertReloadWithoutRestart(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	m := newMesh(t, "example.org")
 	srv, _ := startSecure(t, etcd, m, func(o *server.Config) { o.TLSReloadInterval = 50 * time.Millisecond })
@@ -392,6 +398,7 @@ func leafSerial(t *testing.T, file string) string {
 }
 
 func TestPlaintextWarnsAndAllowsAll(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	logs := &logbuf.Buffer{}
 	srv := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
@@ -407,6 +414,7 @@ func TestPlaintextWarnsAndAllowsAll(t *testing.T) {
 }
 
 func TestSecurityOptionsValidate(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		o    server.Config
 		want string
@@ -446,20 +454,30 @@ func startTLSEtcd(t *testing.T, m *mesh) string {
 		defer ln.Close()
 		return url.URL{Scheme: "http", Host: ln.Addr().String()}
 	}
-	client, peer := free(), free()
-	client.Scheme = "https"
-	cfg := embed.NewConfig()
-	cfg.Name = "tls-etcd"
-	cfg.Dir = t.TempDir()
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	cfg.ClientTLSInfo = transport.TLSInfo{CertFile: m.serverCert, KeyFile: m.srvKey, TrustedCAFile: m.ca, ClientCertAuth: true}
-	cfg.Logger, cfg.LogLevel = "zap", "error"
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		t.Fatal(err)
+	var e *embed.Etcd
+	var client url.URL
+	// A port picked free can be taken before etcd binds it, by any socket
+	// of a test running beside this one: a lost race picks again.
+	for attempt := 1; ; attempt++ {
+		var peer url.URL
+		client, peer = free(), free()
+		client.Scheme = "https"
+		cfg := embed.NewConfig()
+		cfg.Name = "tls-etcd"
+		cfg.Dir = t.TempDir()
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: m.serverCert, KeyFile: m.srvKey, TrustedCAFile: m.ca, ClientCertAuth: true}
+		cfg.Logger, cfg.LogLevel = "zap", "error"
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+		var err error
+		if e, err = embed.StartEtcd(cfg); err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 3 {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(e.Close)
 	select {
@@ -471,6 +489,7 @@ func startTLSEtcd(t *testing.T, m *mesh) string {
 }
 
 func TestRegistrarTalksTLSToEtcd(t *testing.T) {
+	t.Parallel()
 	m := newMesh(t, "example.org")
 	m.issue(t, pki.Server, "registrar-1")
 	endpoint := startTLSEtcd(t, m)

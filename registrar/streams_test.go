@@ -17,6 +17,7 @@ import (
 )
 
 func TestWatchIsDemandScoped(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints())
 	c := dial(t, s.GRPCAddr())
@@ -52,6 +53,7 @@ func TestWatchIsDemandScoped(t *testing.T) {
 }
 
 func TestResumeInsideAndOutsideWindow(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.WatchHistory = 8 })
 	c := dial(t, s.GRPCAddr())
@@ -101,6 +103,7 @@ func TestResumeInsideAndOutsideWindow(t *testing.T) {
 }
 
 func TestSlowConsumerIsCutOffAndResumes(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
 		o.WatchBuffer = 256
@@ -182,6 +185,7 @@ func TestSlowConsumerIsCutOffAndResumes(t *testing.T) {
 }
 
 func TestIdleStreamsGetBookmarks(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.ProgressInterval = 50 * time.Millisecond })
 	c := dial(t, s.GRPCAddr())
@@ -209,6 +213,7 @@ func TestIdleStreamsGetBookmarks(t *testing.T) {
 }
 
 func TestLargeSnapshotIsChunked(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.MaxEndpointsPerNode = 1 << 20 }) // 2500 endpoints of node n1
 	c := dial(t, s.GRPCAddr())

@@ -16,6 +16,7 @@ import (
 )
 
 func TestSubscribeChangesServicesOnALiveStream(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints())
 	c := dial(t, s.GRPCAddr())
@@ -109,6 +110,7 @@ func TestSubscribeChangesServicesOnALiveStream(t *testing.T) {
 }
 
 func TestDrainKeepsEndpointListedAsDraining(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints())

@@ -14,6 +14,7 @@ import (
 )
 
 func TestSyncModeValidate(t *testing.T) {
+	t.Parallel()
 	for _, m := range []string{"", registrar.SyncWatch, registrar.SyncPoll} {
 		if err := (registrar.Options{SyncMode: m}).Validate(); err != nil {
 			t.Errorf("SyncMode %q: %v", m, err)
@@ -31,8 +32,9 @@ func TestSyncModeValidate(t *testing.T) {
 }
 
 // etcdWatchers scrapes etcd's own count of open watchers from its /metrics
-// (served on the client URL). The gauge is per process, so the test reads
-// it relative to a baseline; no other test of this package runs in parallel.
+// (served on the client URL). The gauge is per process, counting the
+// watchers of every etcd this test binary runs, so the test reads it
+// relative to a baseline and does not run in parallel with the others.
 func etcdWatchers(t testing.TB, etcd *etcdtest.Cluster) float64 {
 	t.Helper()
 	const name = "etcd_debugging_mvcc_watcher_total"
@@ -47,6 +49,7 @@ func etcdWatchers(t testing.TB, etcd *etcdtest.Cluster) float64 {
 // write reaches its watchers only with its next full re-list, one
 // --sync-interval after the previous one.
 func TestPollModeLearnsOnlyFromTheRelist(t *testing.T) {
+	// Not parallel: see etcdWatchers.
 	const interval = time.Second
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)

@@ -26,6 +26,7 @@ import (
 // second then waits for the next flush an hour away, while the registrar
 // re-lists etcd every 50ms.
 func TestUnflushedWritesSurviveSync(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) {
@@ -64,6 +65,7 @@ func TestUnflushedWritesSurviveSync(t *testing.T) {
 // Beyond --write-queue-limit, writes are refused whole while etcd is down,
 // and everything acknowledged before is persisted once it is back.
 func TestWriteQueueLimitRefusesWholeRequests(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.WriteQueueLimit = 5 })
 	c := dial(t, s.GRPCAddr())
@@ -98,6 +100,7 @@ func TestWriteQueueLimitRefusesWholeRequests(t *testing.T) {
 }
 
 func TestEnablePprofServesProfiles(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.EnablePprof = true })
 	for path, want := range map[string]string{
@@ -121,6 +124,7 @@ func TestEnablePprofServesProfiles(t *testing.T) {
 }
 
 func TestHealthReflectionAndMetrics(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints())
 	cc, err := grpc.NewClient(s.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))

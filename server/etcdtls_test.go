@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,6 +35,7 @@ func etcdRefuses(t *testing.T, endpoint string, tlsCfg *tls.Config) bool {
 // client certificates; the registrar reaches it with its own certificate,
 // and clients without TLS or without a certificate are refused.
 func TestEmbeddedEtcdTLS(t *testing.T) {
+	t.Parallel()
 	m := newMesh(t, "example.org")
 	srv := startRegistrar(t, nil, func(o *server.Config) {
 		o.DataDir = t.TempDir()
@@ -65,23 +67,34 @@ func TestEmbeddedEtcdTLS(t *testing.T) {
 		t.Fatalf("embedded etcd over TLS: endpoint is %v", v)
 	}
 
-	if !etcdRefuses(t, "http://"+strings.TrimPrefix(endpoint, "https://"), nil) {
-		t.Error("embedded etcd answered a plaintext client")
-	}
 	noCert, _ := pki.ClientTLSConfig(m.ca, "", "")
-	if !etcdRefuses(t, endpoint, noCert) {
-		t.Error("embedded etcd answered a TLS client without a certificate")
-	}
 	other := newMesh(t, "example.org")
 	foreign, _ := pki.ClientTLSConfig(m.ca, other.serverCert, other.srvKey)
-	if !etcdRefuses(t, endpoint, foreign) {
-		t.Error("embedded etcd answered a client certificate of another CA")
+	// A refusal takes etcdRefuses its whole timeout (the client retries
+	// the failing handshake until then), so the three are tried at once.
+	var wg sync.WaitGroup
+	for _, c := range []struct {
+		endpoint string
+		tls      *tls.Config
+		what     string
+	}{
+		{"http://" + strings.TrimPrefix(endpoint, "https://"), nil, "a plaintext client"},
+		{endpoint, noCert, "a TLS client without a certificate"},
+		{endpoint, foreign, "a client certificate of another CA"},
+	} {
+		wg.Go(func() {
+			if !etcdRefuses(t, c.endpoint, c.tls) {
+				t.Errorf("embedded etcd answered %s", c.what)
+			}
+		})
 	}
+	wg.Wait()
 }
 
 // Without a client CA the embedded etcd serves TLS to anyone, and the
 // registrar trusts the certificate it serves without a CA flag.
 func TestEmbeddedEtcdTLSWithoutClientCA(t *testing.T) {
+	t.Parallel()
 	m := newMesh(t, "example.org")
 	srv := startRegistrar(t, nil, func(o *server.Config) {
 		o.DataDir = t.TempDir()
@@ -103,12 +116,14 @@ func TestEmbeddedEtcdTLSWithoutClientCA(t *testing.T) {
 // Region A's replicator mirrors into region B's etcd, which serves TLS and
 // requires client certificates, with --peer-etcd-cacert/-cert/-key.
 func TestReplicationToTLSPeerEtcd(t *testing.T) {
+	t.Parallel()
 	m := newMesh(t, "example.org")
 	m.issue(t, pki.Server, "registrar-a")
 	peerEndpoint := startTLSEtcd(t, m)
 	pair := m.certs["server-registrar-a"]
 	for _, spec := range []string{peerEndpoint, strings.TrimPrefix(peerEndpoint, "https://")} {
 		t.Run(spec, func(t *testing.T) {
+			t.Parallel()
 			a := startRegistrar(t, etcdtest.Start(t).Endpoints(), func(o *server.Config) {
 				o.Region = "ra"
 				o.PeerEtcd = []string{"rb=" + spec}
@@ -134,6 +149,7 @@ func TestReplicationToTLSPeerEtcd(t *testing.T) {
 }
 
 func TestEtcdTLSOptionsValidate(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		o    server.Config
 		want string

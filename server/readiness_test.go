@@ -19,6 +19,7 @@ import (
 // the writes are persisted. Reads keep being served meanwhile. The lag
 // metric follows the same write.
 func TestReadyzFailsWhilePersistenceIsStuck(t *testing.T) {
+	t.Parallel()
 	etcd := etcdtest.Start(t)
 	s := startRegistrar(t, etcd.Endpoints(), func(o *server.Config) { o.WriteBatchInterval = 20 * time.Millisecond })
 	c := dial(t, s.GRPCAddr())

@@ -60,6 +60,10 @@ func get(t *testing.T, url string) (int, string) {
 // accepts connections and never answers; the log, gRPC health and /readyz
 // must say the same.
 func TestServeUnreachableEtcdAnswersUnavailable(t *testing.T) {
+	// Not parallel: its one-second bound is on the registrar's own start,
+	// which tests starting etcds beside it would slow on a small machine;
+	// and its ports are picked free here and bound by Serve later, which
+	// other tests binding ports meanwhile could take.
 	etcdAddr := regtest.FreeAddr(t) // closed: connections are refused
 	grpcAddr, httpAddr := regtest.FreeAddr(t), regtest.FreeAddr(t)
 	logs := &syncBuf{}
@@ -148,6 +152,7 @@ func TestServeUnreachableEtcdAnswersUnavailable(t *testing.T) {
 // starts its own etcd in the background of a start and serves once that
 // and the snapshot are up.
 func TestStartEmbeddedEtcdServes(t *testing.T) {
+	t.Parallel()
 	s := regtest.Start(t, server.Config{
 		DataDir:              t.TempDir(),
 		EmbeddedEtcdAddr:     "127.0.0.1:0",
@@ -171,7 +176,11 @@ func TestStartEmbeddedEtcdServes(t *testing.T) {
 // TestStartHonoursContextWhileEtcdUnreachable: Start returns the reason
 // it was waiting for once its context ends, and leaves nothing serving.
 func TestStartHonoursContextWhileEtcdUnreachable(t *testing.T) {
-	etcdAddr, grpcAddr := regtest.FreeAddr(t), regtest.FreeAddr(t)
+	t.Parallel()
+	// Nothing binds port 1: it is privileged, and below the range that
+	// port 0 (and FreeAddr) draws from, so no test running beside this
+	// one can be given it. Connections are refused for the whole wait.
+	etcdAddr, grpcAddr := "127.0.0.1:1", regtest.FreeAddr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 	defer cancel()
 	_, err := server.Start(ctx, server.Config{

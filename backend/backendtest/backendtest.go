@@ -162,17 +162,3 @@ func testCtx(t T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
-
-// eventually polls cond until it holds or d passes: the condition is
-// about a store working in the background (a watch delivering, a lease
-// lapsing), which nothing else signals.
-func eventually(t T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}

@@ -12,6 +12,7 @@ import (
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -65,7 +66,7 @@ func (c *Collector) Snapshot() ([]backend.WatchBatch, bool) {
 // what it got.
 func (c *Collector) UpTo(t T, rev int64) []backend.WatchBatch {
 	t.Helper()
-	eventually(t, fmt.Sprintf("the watch to reach revision %d", rev), watchTimeout, func() bool {
+	wait.For(t, fmt.Sprintf("the watch to reach revision %d", rev), watchTimeout, func() bool {
 		bs, closed := c.Snapshot()
 		return closed || (len(bs) > 0 && bs[len(bs)-1].Revision >= rev)
 	})
@@ -397,7 +398,7 @@ func RunCompactedIsReported(t T, f Factory) {
 		return
 	}
 	old := Watch(t, w, r1)
-	eventually(t, "the watch from a compacted revision to close", watchTimeout, func() bool { _, closed := old.Snapshot(); return closed })
+	wait.For(t, "the watch from a compacted revision to close", watchTimeout, func() bool { _, closed := old.Snapshot(); return closed })
 	bs, _ := old.Snapshot()
 	if len(bs) != 1 || !bs[0].Compacted || bs[0].Revision != r1 || len(bs[0].Events) != 0 {
 		t.Fatalf("watch from %d after compaction at %d: want exactly one Compacted batch at %d:%s", r1, r3, r1, DescribeBatches(bs))
@@ -498,7 +499,7 @@ func RunLeases(t T, f Factory) {
 	if f.Advance != nil {
 		f.Advance(t, s, granted)
 	}
-	eventually(t, "the node record to lapse with its lease", granted+10*time.Second, func() bool { return len(list(t, s).Nodes) == 0 })
+	wait.For(t, "the node record to lapse with its lease", granted+10*time.Second, func() bool { return len(list(t, s).Nodes) == 0 })
 	if _, err := ls.KeepAliveOnce(ctx, lease); !errors.Is(err, backend.ErrLeaseNotFound) {
 		t.Fatalf("KeepAliveOnce of a lapsed lease: %v, want ErrLeaseNotFound", err)
 	}

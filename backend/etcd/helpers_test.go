@@ -14,6 +14,7 @@ import (
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend/backendtest"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -124,17 +125,13 @@ func (w *watcher) events() []Event {
 // waitFor polls until cond holds on what the watcher has seen.
 func (w *watcher) waitFor(what string, timeout time.Duration, cond func(bs []WatchBatch, closed bool) bool) {
 	w.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
+	wait.ForState(w.t, what, timeout, func() (bool, string) {
 		bs, closed := w.snapshot()
 		if cond(bs, closed) {
-			return
+			return true, ""
 		}
-		if time.Now().After(deadline) {
-			w.t.Fatalf("timed out after %v waiting for %s; got %d batches (closed=%v): %s", timeout, what, len(bs), closed, describe(bs))
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false, fmt.Sprintf("got %d batches (closed=%v): %s", len(bs), closed, describe(bs))
+	})
 }
 
 func (w *watcher) waitRevision(rev int64) {

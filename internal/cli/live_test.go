@@ -292,21 +292,20 @@ func (b *bgRun) stop(t *testing.T) error {
 // waitOutput waits until stdout satisfies cond.
 func (b *bgRun) waitOutput(t *testing.T, what string, cond func(string) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond(b.out.String()) {
+	wait.ForState(t, what, 10*time.Second, func() (bool, string) {
 		select {
 		case <-b.done:
+			// Nothing more will be written: fail now rather than at the
+			// deadline.
 			if !cond(b.out.String()) {
 				t.Fatalf("command ended (%v) before %s; stdout:\n%s", b.err, what, b.out.String())
 			}
-			return
+			return true, ""
 		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; stdout:\n%s", what, b.out.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		out := b.out.String()
+		return cond(out), "stdout:\n" + out
+	})
 }
 
 // sameEndpoint compares the attributes a client controls, leaving out the

@@ -16,6 +16,7 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -176,23 +177,6 @@ func currentRev(t testing.TB, cli *clientv3.Client) int64 {
 	return resp.Header.Revision
 }
 
-// waitFor polls cond every 20ms until it holds or timeout passes; cond
-// explains itself for the failure message.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, why)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // endpointKV is endpoint i of region g (cluster c1), value generation gen:
 // a real v1 key and encoded record, as the registrar writes them.
 func endpointKV(t testing.TB, g string, i, gen int) (string, string) {
@@ -296,7 +280,7 @@ func (h *running) leaseOn(peer string) (clientv3.LeaseID, bool) {
 func waitMirrored(t testing.TB, h *running, origin, dst *region, timeout time.Duration) clientv3.LeaseID {
 	t.Helper()
 	var lease clientv3.LeaseID
-	waitFor(t, timeout, fmt.Sprintf("%s's subtree mirrored in %s", origin.name, dst.name), func() (bool, string) {
+	wait.ForState(t, fmt.Sprintf("%s's subtree mirrored in %s", origin.name, dst.name), timeout, func() (bool, string) {
 		l, ok := h.leaseOn(dst.name)
 		if !ok {
 			return false, fmt.Sprintf("replicator not synced with %s: %+v", dst.name, h.status(dst.name))

@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -93,7 +94,7 @@ func TestVisibilityBothWaysNoLoops(t *testing.T) {
 	}
 	waitRevisionStable(t, 1500*time.Millisecond, a, b)
 
-	waitFor(t, 5*time.Second, "status caught up", func() (bool, string) {
+	wait.ForState(t, "status caught up", 5*time.Second, func() (bool, string) {
 		s := ha.status("b")
 		n := len(mustRead(t, a.cli, registry.RegionPrefix("a")))
 		return s.Reachable && s.Lag == 0 && s.KeysMirrored == int64(n) && s.LastMirroredRevision > 0 &&
@@ -262,7 +263,7 @@ func TestOriginFailureExpiresAfterTTL(t *testing.T) {
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
-	waitFor(t, ttl+2*time.Second-time.Since(stoppedAt), "A's keys to expire in B", func() (bool, string) {
+	wait.ForState(t, "A's keys to expire in B", ttl+2*time.Second-time.Since(stoppedAt), func() (bool, string) {
 		got, _, err := read(b.cli, prefix)
 		return err == nil && len(got) == 0, fmt.Sprintf("%d keys left, err %v", len(got), err)
 	})
@@ -342,7 +343,7 @@ func (p *poller) check(t *testing.T, when string) {
 // waitLeaseGone waits until lease no longer exists on cli's etcd.
 func waitLeaseGone(t *testing.T, cli *clientv3.Client, lease clientv3.LeaseID, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, fmt.Sprintf("lease %x to expire", int64(lease)), func() (bool, string) {
+	wait.ForState(t, fmt.Sprintf("lease %x to expire", int64(lease)), timeout, func() (bool, string) {
 		r, err := cli.TimeToLive(testCtx(t), lease)
 		if err != nil {
 			return false, err.Error()
@@ -369,7 +370,7 @@ func TestLeaderHandoffKeepsMirror(t *testing.T) {
 	h1, cli1 := replica("r1")
 	l1 := waitMirrored(t, h1, a, b, 15*time.Second)
 	h2, _ := replica("r2")
-	waitFor(t, 10*time.Second, "r2 to follow r1", func() (bool, string) {
+	wait.ForState(t, "r2 to follow r1", 10*time.Second, func() (bool, string) {
 		s := h2.status("b")
 		return !s.IsLeader && s.Leader == "r1", fmt.Sprintf("%+v", s)
 	})
@@ -398,7 +399,7 @@ func TestLeaderHandoffKeepsMirror(t *testing.T) {
 
 	// Clean handoff: r2 resigns, r3 takes over at once.
 	h3, _ := replica("r3")
-	waitFor(t, 10*time.Second, "r3 to follow r2", func() (bool, string) {
+	wait.ForState(t, "r3 to follow r2", 10*time.Second, func() (bool, string) {
 		s := h3.status("b")
 		return !s.IsLeader && s.Leader == "r2", fmt.Sprintf("%+v", s)
 	})
@@ -486,7 +487,7 @@ func TestCompaction(t *testing.T) {
 		compacted := func() float64 {
 			return counterValue(t, h.r.m.fullSyncs.WithLabelValues("b", syncCompacted))
 		}
-		waitFor(t, 15*time.Second, "a full sync for compaction", func() (bool, string) {
+		wait.ForState(t, "a full sync for compaction", 15*time.Second, func() (bool, string) {
 			return compacted() == 1, fmt.Sprintf("%v; status %+v", compacted(), h.status("b"))
 		})
 		if got := waitMirrored(t, h, a, b, 10*time.Second); got != lease {
@@ -537,7 +538,7 @@ func TestPartitionDropsAndHeals(t *testing.T) {
 	putEndpoints(t, b, 110, 115, 1)
 	waitMirrored(t, ha, a, c, 5*time.Second)
 
-	waitFor(t, ttl+5*time.Second, "each side to drop the other's mirror", func() (bool, string) {
+	wait.ForState(t, "each side to drop the other's mirror", ttl+5*time.Second, func() (bool, string) {
 		inB, _, err1 := read(b.cli, registry.RegionPrefix("a"))
 		inA, _, err2 := read(a.cli, registry.RegionPrefix("b"))
 		return err1 == nil && err2 == nil && len(inB) == 0 && len(inA) == 0,
@@ -567,7 +568,7 @@ func TestPartitionDropsAndHeals(t *testing.T) {
 	}
 	waitMirrored(t, hb, b, a, 20*time.Second)
 	t.Logf("converged %v after healing", time.Since(healedAt).Round(time.Millisecond))
-	waitFor(t, 5*time.Second, "B's status to recover", func() (bool, string) {
+	wait.ForState(t, "B's status to recover", 5*time.Second, func() (bool, string) {
 		s := ha.status("b")
 		return s.Reachable && s.Lag == 0 && s.LastError != "" && s.FullSyncs >= 2, fmt.Sprintf("%+v", s)
 	})
@@ -672,7 +673,7 @@ func TestCatchUpBatchesAndChunks(t *testing.T) {
 	close(gate)
 	waitMirrored(t, h, a, b, 15*time.Second)
 	// The peer can show the last Txn before the loop has its response.
-	waitFor(t, 5*time.Second, "status to catch up", func() (bool, string) {
+	wait.ForState(t, "status to catch up", 5*time.Second, func() (bool, string) {
 		s := h.status("b")
 		return s.KeysMirrored == 401 && s.Lag == 0, fmt.Sprintf("%+v: want 401 keys, no lag", s)
 	})
@@ -696,7 +697,7 @@ func TestRefusesLocalEtcdAsPeer(t *testing.T) {
 	putEndpoints(t, a, 0, 3, 1)
 	before := mustRead(t, a.cli, registry.Root)
 	h := start(t, config(t, a, "a-1", 3*time.Second, Peer{Region: "b", Endpoints: a.etcd.Endpoints()}))
-	waitFor(t, 10*time.Second, "the self-peer to be refused", func() (bool, string) {
+	wait.ForState(t, "the self-peer to be refused", 10*time.Second, func() (bool, string) {
 		s := h.status("b")
 		return strings.Contains(s.LastError, "own etcd"), fmt.Sprintf("%+v", s)
 	})

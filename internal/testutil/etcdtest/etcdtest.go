@@ -7,7 +7,9 @@
 //   - A Cluster keeps its data dir and its client and peer ports for its
 //     whole life: Stop then Restart brings back the same data at the same
 //     Endpoints, which is how a test makes "etcd unavailable, then back"
-//     without its clients having to be rebuilt.
+//     without its clients having to be rebuilt. While it is stopped its
+//     ports stay reserved (bound, not listening: connections are refused),
+//     so tests running in parallel cannot be given them meanwhile.
 //   - Everything a Cluster or Client starts is stopped by t.Cleanup; a test
 //     never has to close anything itself.
 //   - Clients made here reconnect within about half a second once etcd is
@@ -47,8 +49,9 @@ type Cluster struct {
 	cfg       embedetcd.Config
 	endpoints []string
 
-	mu  sync.Mutex
-	srv *embedetcd.Server // nil while stopped
+	mu       sync.Mutex
+	srv      *embedetcd.Server // nil while stopped
+	reserved []func()          // while stopped: releases the ports' reservations
 }
 
 // Start starts a member in t.TempDir() on free loopback ports and stops it
@@ -78,7 +81,10 @@ func Start(t testing.TB) *Cluster {
 		}
 	}
 	c.endpoints = c.srv.Endpoints()
-	t.Cleanup(c.Stop)
+	t.Cleanup(func() {
+		c.Stop()
+		c.release()
+	})
 	return c
 }
 
@@ -95,15 +101,36 @@ func (c *Cluster) Client(t testing.TB) *clientv3.Client {
 	return NewClient(t, c.endpoints...)
 }
 
-// Stop stops the member, keeping its data dir. Clients stay open and see
-// etcd as unavailable. Stopping a stopped member does nothing.
+// Stop stops the member, keeping its data dir and its ports. Clients stay
+// open and see etcd as unavailable. Stopping a stopped member does
+// nothing.
 func (c *Cluster) Stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.srv != nil {
-		c.srv.Close()
-		c.srv = nil
+	if c.srv == nil {
+		return
 	}
+	c.srv.Close()
+	c.srv = nil
+	// Until Restart, a port free on this machine is one the kernel may
+	// give the next socket that binds port 0, such as another test's
+	// server. Reserving them keeps them this member's; a reservation that
+	// fails leaves the port free, and Restart retries as before.
+	for _, addr := range []string{c.cfg.ClientAddr, c.cfg.PeerAddr} {
+		if release, err := reserve(addr); err == nil {
+			c.reserved = append(c.reserved, release)
+		}
+	}
+}
+
+// release frees the ports a stopped member holds.
+func (c *Cluster) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range c.reserved {
+		r()
+	}
+	c.reserved = nil
 }
 
 // Restart starts the member again on the same data dir and ports. It
@@ -111,6 +138,7 @@ func (c *Cluster) Stop() {
 func (c *Cluster) Restart(t testing.TB) {
 	t.Helper()
 	c.Stop()
+	c.release()
 	for attempt := 1; ; attempt++ {
 		err := c.start()
 		if err == nil {

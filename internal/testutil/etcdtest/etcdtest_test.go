@@ -2,6 +2,9 @@ package etcdtest
 
 import (
 	"context"
+	"errors"
+	"net"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -19,6 +22,13 @@ func TestStopRestartKeepsDataAndEndpoints(t *testing.T) {
 	}
 
 	c.Stop()
+	// The reserved port refuses connections as a stopped server's does.
+	if conn, err := net.Dial("tcp", c.ClientAddr()); err == nil {
+		conn.Close()
+		t.Fatal("the stopped member's client port accepted a connection")
+	} else if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial the stopped member: %v, want connection refused", err)
+	}
 	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancelShort()
 	if _, err := cli.Get(short, "/k"); err == nil {
