@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/aethermesh/aether/internal/testutil/meshtest"
 	"io"
 	"strings"
 	"testing"
@@ -267,10 +268,10 @@ func TestBadInputOverTLSWithAuthz(t *testing.T) {
 	start := time.Now()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	m := newMesh(t, "example.org")
+	m := meshtest.New(t, "example.org")
 	srv, _ := startSecure(t, etcd, m, func(o *server.Config) { o.MaxWatchServices = 3 })
-	op := tlsClient(t, srv.GRPCAddr(), m.ca, m, "operator-alice")
-	nodeA := tlsClient(t, srv.GRPCAddr(), m.ca, m, "node-node-a")
+	op := tlsClient(t, srv.GRPCAddr(), m.CA, m, "operator-alice")
+	nodeA := tlsClient(t, srv.GRPCAddr(), m.CA, m, "node-node-a")
 
 	// Warm-up: node-b's endpoint and node record, persisted, so there is
 	// state for bad input to damage.

@@ -3,6 +3,7 @@ package registrar_test
 import (
 	"context"
 	"errors"
+	"github.com/aethermesh/aether/internal/testutil/meshtest"
 	"io"
 	"strings"
 	"testing"
@@ -222,10 +223,10 @@ func TestLimitMaxStreamsPerIdentityPlaintext(t *testing.T) {
 func TestLimitMaxStreamsPerIdentityMTLS(t *testing.T) {
 	t.Parallel()
 	etcd := etcdtest.Start(t)
-	m := newMesh(t, "example.org")
+	m := meshtest.New(t, "example.org")
 	srv, _ := startSecure(t, etcd, m, func(o *server.Config) { o.MaxStreamsPerIdentity = 1 })
-	nodeA := tlsClient(t, srv.GRPCAddr(), m.ca, m, "node-node-a")
-	op := tlsClient(t, srv.GRPCAddr(), m.ca, m, "operator-alice")
+	nodeA := tlsClient(t, srv.GRPCAddr(), m.CA, m, "node-node-a")
+	op := tlsClient(t, srv.GRPCAddr(), m.CA, m, "operator-alice")
 
 	w := watch(t, nodeA, &registrarv1.WatchEndpointsRequest{})
 	w.waitSnapshot(t)

@@ -4,24 +4,18 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"github.com/aethermesh/aether/internal/testutil/logbuf"
+	"github.com/aethermesh/aether/internal/testutil/meshtest"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/client/pkg/v3/transport"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -34,49 +28,12 @@ import (
 	"github.com/aethermesh/aether/server"
 )
 
-// mesh is a development CA with the certificates the security tests use,
-// issued with pki into a temporary directory.
-type mesh struct {
-	dir                string
-	ca                 string // ca.pem
-	serverCert, srvKey string
-	certs              map[string][2]string // "node-a", "operator-alice", ... -> cert, key
-}
-
-func newMesh(t *testing.T, td string) *mesh {
-	t.Helper()
-	dir := t.TempDir()
-	if err := pki.InitCA(dir, td); err != nil {
-		t.Fatal(err)
-	}
-	m := &mesh{dir: dir, ca: filepath.Join(dir, pki.CACertFile), certs: map[string][2]string{}}
-	srv, err := pki.Issue(dir, pki.Server, "localhost")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.serverCert, m.srvKey = srv.CertFile, srv.KeyFile
-	for _, n := range []string{"node-a", "node-b"} {
-		m.issue(t, pki.Node, n)
-	}
-	m.issue(t, pki.Operator, "alice")
-	return m
-}
-
-func (m *mesh) issue(t *testing.T, kind pki.Kind, name string) {
-	t.Helper()
-	iss, err := pki.Issue(m.dir, kind, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.certs[kind.String()+"-"+name] = [2]string{iss.CertFile, iss.KeyFile}
-}
-
 // startSecure starts a registrar over etcd with mTLS and authz on.
-func startSecure(t *testing.T, etcd *etcdtest.Cluster, m *mesh, mut ...func(*server.Config)) (*server.Server, *logbuf.Buffer) {
+func startSecure(t *testing.T, etcd *etcdtest.Cluster, m *meshtest.Mesh, mut ...func(*server.Config)) (*server.Server, *logbuf.Buffer) {
 	t.Helper()
 	logs := &logbuf.Buffer{}
 	return startRegistrar(t, etcd.Endpoints(), append([]func(*server.Config){func(o *server.Config) {
-		o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = m.serverCert, m.srvKey, m.ca
+		o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = m.ServerCert, m.ServerKey, m.CA
 		o.TrustDomain = "example.org"
 		o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	}}, mut...)...), logs
@@ -84,11 +41,11 @@ func startSecure(t *testing.T, etcd *etcdtest.Cluster, m *mesh, mut ...func(*ser
 
 // tlsClient dials addr over TLS, trusting caFile, presenting who's
 // certificate ("" for none).
-func tlsClient(t *testing.T, addr, caFile string, m *mesh, who string) registrarv1.RegistrarClient {
+func tlsClient(t *testing.T, addr, caFile string, m *meshtest.Mesh, who string) registrarv1.RegistrarClient {
 	t.Helper()
 	var cert, key string
 	if who != "" {
-		pair, ok := m.certs[who]
+		pair, ok := m.Certs[who]
 		if !ok {
 			t.Fatalf("no certificate %q", who)
 		}
@@ -152,11 +109,11 @@ func httpsMetric(t *testing.T, addr, caFile, sample string) string {
 func TestMTLSRequiresClientCertificate(t *testing.T) {
 	t.Parallel()
 	etcd := etcdtest.Start(t)
-	m := newMesh(t, "example.org")
+	m := meshtest.New(t, "example.org")
 	srv, _ := startSecure(t, etcd, m)
 
 	// TLS without a client certificate: the handshake fails.
-	_, err := tlsClient(t, srv.GRPCAddr(), m.ca, m, "").ListAllEndpoints(callCtx(t), &registrarv1.ListAllEndpointsRequest{})
+	_, err := tlsClient(t, srv.GRPCAddr(), m.CA, m, "").ListAllEndpoints(callCtx(t), &registrarv1.ListAllEndpointsRequest{})
 	// (The client sees the server's alert, "certificate required", or
 	// just the closed connection, depending on timing.)
 	wantCode(t, "no client certificate", err, codes.Unavailable)
@@ -169,13 +126,13 @@ func TestMTLSRequiresClientCertificate(t *testing.T) {
 
 	// A certificate of another CA (same trust domain name): unknown
 	// authority, the handshake fails.
-	other := newMesh(t, "example.org")
-	m.certs["node-a-other-ca"] = other.certs["node-node-a"]
-	_, err = tlsClient(t, srv.GRPCAddr(), m.ca, m, "node-a-other-ca").RegisterEndpoint(callCtx(t), &registrarv1.RegisterEndpointRequest{Endpoint: nodeEP("web", "10.0.0.1", "node-a")})
+	other := meshtest.New(t, "example.org")
+	m.Certs["node-a-other-ca"] = other.Certs["node-node-a"]
+	_, err = tlsClient(t, srv.GRPCAddr(), m.CA, m, "node-a-other-ca").RegisterEndpoint(callCtx(t), &registrarv1.RegisterEndpointRequest{Endpoint: nodeEP("web", "10.0.0.1", "node-a")})
 	wantCode(t, "certificate of another CA", err, codes.Unavailable)
 
 	// A good certificate works, over the same TLS.
-	if _, err := tlsClient(t, srv.GRPCAddr(), m.ca, m, "node-node-a").ListAllEndpoints(callCtx(t), &registrarv1.ListAllEndpointsRequest{}); err != nil {
+	if _, err := tlsClient(t, srv.GRPCAddr(), m.CA, m, "node-node-a").ListAllEndpoints(callCtx(t), &registrarv1.ListAllEndpointsRequest{}); err != nil {
 		t.Fatalf("node certificate: %v", err)
 	}
 	if n := countKeys(t, etcd.Client(t)); n != 0 {
@@ -186,20 +143,20 @@ func TestMTLSRequiresClientCertificate(t *testing.T) {
 func TestMTLSForeignTrustDomainRejected(t *testing.T) {
 	t.Parallel()
 	etcd := etcdtest.Start(t)
-	m := newMesh(t, "example.org")
-	foreign := newMesh(t, "other.org")
+	m := meshtest.New(t, "example.org")
+	foreign := meshtest.New(t, "other.org")
 
 	// The client CA bundle trusts both CAs, so the foreign certificate
 	// passes the handshake; its trust domain is what must reject it.
 	bundle := filepath.Join(t.TempDir(), "bundle.pem")
-	a, _ := os.ReadFile(m.ca)
-	b, _ := os.ReadFile(foreign.ca)
+	a, _ := os.ReadFile(m.CA)
+	b, _ := os.ReadFile(foreign.CA)
 	if err := os.WriteFile(bundle, append(a, b...), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	srv, logs := startSecure(t, etcd, m, func(o *server.Config) { o.TLSClientCAFile = bundle })
-	m.certs["foreign-node-a"] = foreign.certs["node-node-a"]
-	c := tlsClient(t, srv.GRPCAddr(), m.ca, m, "foreign-node-a")
+	m.Certs["foreign-node-a"] = foreign.Certs["node-node-a"]
+	c := tlsClient(t, srv.GRPCAddr(), m.CA, m, "foreign-node-a")
 
 	_, err := c.RegisterEndpoint(callCtx(t), &registrarv1.RegisterEndpointRequest{Endpoint: nodeEP("web", "10.0.0.1", "node-a")})
 	wantCode(t, "foreign register", err, codes.Unauthenticated, `trust domain "other.org"`, `trusts only "example.org"`)
@@ -211,7 +168,7 @@ func TestMTLSForeignTrustDomainRejected(t *testing.T) {
 	}
 	wantCode(t, "foreign watch", err, codes.Unauthenticated, "other.org")
 
-	if got := httpsMetric(t, srv.HTTPAddr(), m.ca, `registrar_authz_denied_total{rule="authenticated"}`); got != "3" {
+	if got := httpsMetric(t, srv.HTTPAddr(), m.CA, `registrar_authz_denied_total{rule="authenticated"}`); got != "3" {
 		t.Errorf("denied{authenticated} = %s, want 3", got)
 	}
 	wantLogLine(t, logs.String(), "level=WARN", `msg="request denied"`, "method=RegisterEndpoint", "identity=unauthenticated", "rule=authenticated", "other.org")
@@ -224,10 +181,10 @@ func TestNodeAuthorization(t *testing.T) {
 	t.Parallel()
 	etcd := etcdtest.Start(t)
 	cli := etcd.Client(t)
-	m := newMesh(t, "example.org")
+	m := meshtest.New(t, "example.org")
 	srv, logs := startSecure(t, etcd, m)
-	nodeA := tlsClient(t, srv.GRPCAddr(), m.ca, m, "node-node-a")
-	op := tlsClient(t, srv.GRPCAddr(), m.ca, m, "operator-alice")
+	nodeA := tlsClient(t, srv.GRPCAddr(), m.CA, m, "node-node-a")
+	op := tlsClient(t, srv.GRPCAddr(), m.CA, m, "operator-alice")
 	const idA = "spiffe://example.org/node/node-a"
 
 	// Own node: register, drain, unregister; announce and heartbeat.
@@ -299,10 +256,10 @@ func TestNodeAuthorization(t *testing.T) {
 		t.Errorf("nodes after node-a's refused leave of node-b: %v", nodes.GetNodes())
 	}
 
-	if got := httpsMetric(t, srv.HTTPAddr(), m.ca, `registrar_authz_denied_total{rule="own-node-endpoints"}`); got != "4" {
+	if got := httpsMetric(t, srv.HTTPAddr(), m.CA, `registrar_authz_denied_total{rule="own-node-endpoints"}`); got != "4" {
 		t.Errorf("denied{own-node-endpoints} = %s, want 4", got)
 	}
-	if got := httpsMetric(t, srv.HTTPAddr(), m.ca, `registrar_authz_denied_total{rule="own-node-record"}`); got != "3" {
+	if got := httpsMetric(t, srv.HTTPAddr(), m.CA, `registrar_authz_denied_total{rule="own-node-record"}`); got != "3" {
 		t.Errorf("denied{own-node-record} = %s, want 3", got)
 	}
 	wantLogLine(t, logs.String(), "level=WARN", `msg="request denied"`, "method=DrainEndpoint", "identity="+idA, "rule=own-node-endpoints")
@@ -350,13 +307,13 @@ func wantLogLine(t *testing.T, logs string, parts ...string) {
 func TestTLSCertReloadWithoutRestart(t *testing.T) {
 	t.Parallel()
 	etcd := etcdtest.Start(t)
-	m := newMesh(t, "example.org")
+	m := meshtest.New(t, "example.org")
 	srv, _ := startSecure(t, etcd, m, func(o *server.Config) { o.TLSReloadInterval = 50 * time.Millisecond })
 
 	serial := func() string {
 		t.Helper()
-		pair := m.certs["node-node-a"]
-		cfg, err := pki.ClientTLSConfig(m.ca, pair[0], pair[1])
+		pair := m.Certs["node-node-a"]
+		cfg, err := pki.ClientTLSConfig(m.CA, pair[0], pair[1])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -369,7 +326,7 @@ func TestTLSCertReloadWithoutRestart(t *testing.T) {
 		return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
 	}
 	before := serial()
-	iss, err := pki.Issue(m.dir, pki.Server, "localhost", pki.WithOverwrite())
+	iss, err := pki.Issue(m.Dir, pki.Server, "localhost", pki.WithOverwrite())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +336,7 @@ func TestTLSCertReloadWithoutRestart(t *testing.T) {
 	}
 	waitFor(t, "a new connection to see the new certificate", 5*time.Second, func() bool { return serial() == want })
 	// And the API works over it.
-	if _, err := tlsClient(t, srv.GRPCAddr(), m.ca, m, "node-node-a").ListAllEndpoints(callCtx(t), &registrarv1.ListAllEndpointsRequest{}); err != nil {
+	if _, err := tlsClient(t, srv.GRPCAddr(), m.CA, m, "node-node-a").ListAllEndpoints(callCtx(t), &registrarv1.ListAllEndpointsRequest{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -411,117 +368,4 @@ func TestPlaintextWarnsAndAllowsAll(t *testing.T) {
 	c := dial(t, srv.GRPCAddr())
 	register(t, c, nodeEP("web", "10.0.0.2", "node-b"))
 	register(t, c, nodeEP("web", "10.0.0.2", "node-a"))
-}
-
-func TestSecurityOptionsValidate(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		o    server.Config
-		want string
-	}{
-		{server.Config{TLSCertFile: "c"}, "--tls-cert needs --tls-key"},
-		{server.Config{TLSKeyFile: "k"}, "--tls-key needs --tls-cert"},
-		{server.Config{TLSClientCAFile: "ca"}, "--tls-client-ca needs --tls-cert and --tls-key"},
-		{server.Config{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca"}, "--tls-client-ca needs --trust-domain"},
-		{server.Config{TLSCertFile: "c", TLSKeyFile: "k", TrustDomain: "example.org"}, "--trust-domain is only used with --tls-client-ca"},
-		{server.Config{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca", TrustDomain: "Example.org"}, "--trust-domain: trust domain \"Example.org\" must be lowercase"},
-		{server.Config{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca", TrustDomain: "example.org", OperatorPrefix: "spiffe://example.org/node/"}, "--operator-prefix"},
-		{server.Config{EtcdCert: "c"}, "--etcd-cert and --etcd-key go together"},
-		{server.Config{EtcdCACert: "ca"}, "add --etcd-endpoints https://"},
-		{server.Config{EtcdCACert: "ca", EtcdEndpoints: []string{"http://e:2379"}}, "use https://e:2379"},
-	}
-	for _, c := range cases {
-		err := c.o.Validate()
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%+v: got %v, want %q", c.o, err, c.want)
-		}
-	}
-	ok := server.Config{TLSCertFile: "c", TLSKeyFile: "k", TLSClientCAFile: "ca", TrustDomain: "example.org", EtcdEndpoints: []string{"https://e:2379"}, EtcdCACert: "ca"}
-	if err := ok.Validate(); err != nil {
-		t.Errorf("valid options: %v", err)
-	}
-}
-
-// startTLSEtcd runs an embedded etcd whose client port serves TLS with a
-// pki-issued server certificate and requires client certificates of m's CA.
-func startTLSEtcd(t *testing.T, m *mesh) string {
-	t.Helper()
-	free := func() url.URL {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return url.URL{Scheme: "http", Host: ln.Addr().String()}
-	}
-	var e *embed.Etcd
-	var client url.URL
-	// A port picked free can be taken before etcd binds it, by any socket
-	// of a test running beside this one: a lost race picks again.
-	for attempt := 1; ; attempt++ {
-		var peer url.URL
-		client, peer = free(), free()
-		client.Scheme = "https"
-		cfg := embed.NewConfig()
-		cfg.Name = "tls-etcd"
-		cfg.Dir = t.TempDir()
-		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
-		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
-		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: m.serverCert, KeyFile: m.srvKey, TrustedCAFile: m.ca, ClientCertAuth: true}
-		cfg.Logger, cfg.LogLevel = "zap", "error"
-		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-		var err error
-		if e, err = embed.StartEtcd(cfg); err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EADDRINUSE) || attempt == 3 {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(e.Close)
-	select {
-	case <-e.Server.ReadyNotify():
-	case <-time.After(20 * time.Second):
-		t.Fatal("TLS etcd did not become ready")
-	}
-	return client.String()
-}
-
-func TestRegistrarTalksTLSToEtcd(t *testing.T) {
-	t.Parallel()
-	m := newMesh(t, "example.org")
-	m.issue(t, pki.Server, "registrar-1")
-	endpoint := startTLSEtcd(t, m)
-
-	// etcd really requires a client certificate.
-	noCert, _ := pki.ClientTLSConfig(m.ca, "", "")
-	bare, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, TLS: noCert, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bare.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	if _, err := bare.Get(ctx, "x"); err == nil {
-		t.Fatal("etcd answered a client without a certificate")
-	}
-	cancel()
-
-	pair := m.certs["server-registrar-1"]
-	srv := startRegistrar(t, []string{endpoint}, func(o *server.Config) {
-		o.EtcdCACert, o.EtcdCert, o.EtcdKey = m.ca, pair[0], pair[1]
-	})
-	e := nodeEP("web", "10.0.0.1", "node-a")
-	register(t, dial(t, srv.GRPCAddr()), e)
-	waitFor(t, "write persisted", 5*time.Second, func() bool { return srv.Registrar().PendingWrites() == 0 })
-
-	good, _ := pki.ClientTLSConfig(m.ca, pair[0], pair[1])
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, TLS: good, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
-	if _, v := etcdKey(t, cli, e); v == nil || v.Node != "node-a" {
-		t.Fatalf("etcd over TLS: endpoint is %v", v)
-	}
 }

@@ -3,9 +3,6 @@ package registrar_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,8 +24,14 @@ import (
 var waitFor = wait.For
 
 var (
-	quietLogger = regtest.QuietLogger
-	dial        = regtest.Dial
+	quietLogger  = regtest.QuietLogger
+	dial         = regtest.Dial
+	ep           = regtest.EP
+	register     = regtest.Register
+	etcdKey      = regtest.EtcdKey
+	metricValue  = regtest.MetricValue
+	scrapeMetric = regtest.ScrapeMetric
+	get          = regtest.Get
 )
 
 func startRegistrar(t testing.TB, endpoints []string, mut ...func(*server.Config)) *server.Server {
@@ -48,24 +51,6 @@ func startRegistrar(t testing.TB, endpoints []string, mut ...func(*server.Config
 // detector) slows past that would see its endpoints vanish. The tests of
 // nodes and of the sweep set NodeTTL themselves.
 const testNodeTTL = time.Hour
-
-func ep(svc, ip string, port uint32) *registryv1.ServiceEndpoint {
-	return &registryv1.ServiceEndpoint{
-		Service: svc, Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: ip,
-		Ports: []*registryv1.Port{{Name: "http", Port: port}}, Node: "n1", Zone: "z1",
-	}
-}
-
-func register(t testing.TB, c registrarv1.RegistrarClient, e *registryv1.ServiceEndpoint) *registrarv1.RegisterEndpointResponse {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: e})
-	if err != nil {
-		t.Fatalf("register %s %s: %v", e.Service, e.Ip, err)
-	}
-	return resp
-}
 
 func unregister(t testing.TB, c registrarv1.RegistrarClient, svc, ip string) {
 	t.Helper()
@@ -171,32 +156,6 @@ func (r *recorder) lastVersion() string {
 	return evs[len(evs)-1].Version
 }
 
-func etcdKey(t testing.TB, cli *clientv3.Client, e *registryv1.ServiceEndpoint) (key string, value *registryv1.ServiceEndpoint) {
-	t.Helper()
-	id := registry.IDOf(e)
-	if id.Region == "" {
-		id.Region = "r1"
-	}
-	if id.Cluster == "" {
-		id.Cluster = "c1"
-	}
-	k, err := id.Key()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := cli.Get(ctx, k)
-	if err != nil || len(resp.Kvs) == 0 {
-		return k, nil
-	}
-	v, err := registry.DecodeEndpoint(k, resp.Kvs[0].Value)
-	if err != nil {
-		t.Fatalf("value at %s: %v", k, err)
-	}
-	return k, v
-}
-
 func countKeys(t testing.TB, cli *clientv3.Client) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -206,35 +165,6 @@ func countKeys(t testing.TB, cli *clientv3.Client) int64 {
 		t.Fatal(err)
 	}
 	return resp.Count
-}
-
-// metricValue scrapes one unlabelled sample from the registrar's /metrics
-// (0 if it is not there yet).
-func metricValue(t testing.TB, httpAddr, name string) float64 {
-	t.Helper()
-	v, _ := scrapeMetric(t, "http://"+httpAddr+"/metrics", name)
-	return v
-}
-
-// scrapeMetric reads one unlabelled sample from a Prometheus text page.
-func scrapeMetric(t testing.TB, url, name string) (float64, bool) {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(body), "\n") {
-		if rest, ok := strings.CutPrefix(line, name+" "); ok {
-			v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-			if err != nil {
-				t.Fatalf("metric %s: %v", name, err)
-			}
-			return v, true
-		}
-	}
-	return 0, false
 }
 
 func TestWritePathReachesWatcherAndSchemaKey(t *testing.T) {

@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"crypto/tls"
+	"github.com/aethermesh/aether/internal/testutil/meshtest"
 	"strings"
 	"sync"
 	"testing"
@@ -36,12 +37,12 @@ func etcdRefuses(t *testing.T, endpoint string, tlsCfg *tls.Config) bool {
 // and clients without TLS or without a certificate are refused.
 func TestEmbeddedEtcdTLS(t *testing.T) {
 	t.Parallel()
-	m := newMesh(t, "example.org")
+	m := meshtest.New(t, "example.org")
 	srv := startRegistrar(t, nil, func(o *server.Config) {
 		o.DataDir = t.TempDir()
 		o.EmbeddedEtcdAddr, o.EmbeddedEtcdPeerAddr = "127.0.0.1:0", "127.0.0.1:0"
-		o.EmbeddedEtcdCert, o.EmbeddedEtcdKey, o.EmbeddedEtcdClientCA = m.serverCert, m.srvKey, m.ca
-		o.EmbeddedEtcdPeerCert, o.EmbeddedEtcdPeerKey, o.EmbeddedEtcdPeerCA = m.serverCert, m.srvKey, m.ca
+		o.EmbeddedEtcdCert, o.EmbeddedEtcdKey, o.EmbeddedEtcdClientCA = m.ServerCert, m.ServerKey, m.CA
+		o.EmbeddedEtcdPeerCert, o.EmbeddedEtcdPeerKey, o.EmbeddedEtcdPeerCA = m.ServerCert, m.ServerKey, m.CA
 	})
 	eps := srv.EtcdEndpoints()
 	if len(eps) != 1 || !strings.HasPrefix(eps[0], "https://") {
@@ -53,8 +54,8 @@ func TestEmbeddedEtcdTLS(t *testing.T) {
 	register(t, dial(t, srv.GRPCAddr()), e)
 	waitFor(t, "write persisted", 5*time.Second, func() bool { return srv.Registrar().PendingWrites() == 0 })
 
-	op := m.certs["operator-alice"]
-	good, err := pki.ClientTLSConfig(m.ca, op[0], op[1])
+	op := m.Certs["operator-alice"]
+	good, err := pki.ClientTLSConfig(m.CA, op[0], op[1])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,9 +68,9 @@ func TestEmbeddedEtcdTLS(t *testing.T) {
 		t.Fatalf("embedded etcd over TLS: endpoint is %v", v)
 	}
 
-	noCert, _ := pki.ClientTLSConfig(m.ca, "", "")
-	other := newMesh(t, "example.org")
-	foreign, _ := pki.ClientTLSConfig(m.ca, other.serverCert, other.srvKey)
+	noCert, _ := pki.ClientTLSConfig(m.CA, "", "")
+	other := meshtest.New(t, "example.org")
+	foreign, _ := pki.ClientTLSConfig(m.CA, other.ServerCert, other.ServerKey)
 	// A refusal takes etcdRefuses its whole timeout (the client retries
 	// the failing handshake until then), so the three are tried at once.
 	var wg sync.WaitGroup
@@ -95,16 +96,16 @@ func TestEmbeddedEtcdTLS(t *testing.T) {
 // registrar trusts the certificate it serves without a CA flag.
 func TestEmbeddedEtcdTLSWithoutClientCA(t *testing.T) {
 	t.Parallel()
-	m := newMesh(t, "example.org")
+	m := meshtest.New(t, "example.org")
 	srv := startRegistrar(t, nil, func(o *server.Config) {
 		o.DataDir = t.TempDir()
 		o.EmbeddedEtcdAddr, o.EmbeddedEtcdPeerAddr = "127.0.0.1:0", "127.0.0.1:0"
-		o.EmbeddedEtcdCert, o.EmbeddedEtcdKey = m.serverCert, m.srvKey
+		o.EmbeddedEtcdCert, o.EmbeddedEtcdKey = m.ServerCert, m.ServerKey
 	})
 	register(t, dial(t, srv.GRPCAddr()), nodeEP("web", "10.0.0.1", "node-a"))
 	waitFor(t, "write persisted", 5*time.Second, func() bool { return srv.Registrar().PendingWrites() == 0 })
 	endpoint := srv.EtcdEndpoints()[0]
-	noCert, _ := pki.ClientTLSConfig(m.ca, "", "")
+	noCert, _ := pki.ClientTLSConfig(m.CA, "", "")
 	if etcdRefuses(t, endpoint, noCert) {
 		t.Error("embedded etcd without a client CA refused a TLS client without a certificate")
 	}
@@ -117,10 +118,10 @@ func TestEmbeddedEtcdTLSWithoutClientCA(t *testing.T) {
 // requires client certificates, with --peer-etcd-cacert/-cert/-key.
 func TestReplicationToTLSPeerEtcd(t *testing.T) {
 	t.Parallel()
-	m := newMesh(t, "example.org")
-	m.issue(t, pki.Server, "registrar-a")
-	peerEndpoint := startTLSEtcd(t, m)
-	pair := m.certs["server-registrar-a"]
+	m := meshtest.New(t, "example.org")
+	m.Issue(t, pki.Server, "registrar-a")
+	peerEndpoint := meshtest.StartTLSEtcd(t, m)
+	pair := m.Certs["server-registrar-a"]
 	for _, spec := range []string{peerEndpoint, strings.TrimPrefix(peerEndpoint, "https://")} {
 		t.Run(spec, func(t *testing.T) {
 			t.Parallel()
@@ -128,13 +129,13 @@ func TestReplicationToTLSPeerEtcd(t *testing.T) {
 				o.Region = "ra"
 				o.PeerEtcd = []string{"rb=" + spec}
 				o.ReplicationLeaseTTL = 3 * time.Second
-				o.PeerEtcdCACert, o.PeerEtcdCert, o.PeerEtcdKey = m.ca, pair[0], pair[1]
+				o.PeerEtcdCACert, o.PeerEtcdCert, o.PeerEtcdKey = m.CA, pair[0], pair[1]
 			})
 			e := nodeEP("web", "10.0.0.1", "node-a")
 			e.Region = "ra"
 			register(t, dial(t, a.GRPCAddr()), e)
 
-			good, _ := pki.ClientTLSConfig(m.ca, pair[0], pair[1])
+			good, _ := pki.ClientTLSConfig(m.CA, pair[0], pair[1])
 			cli, err := clientv3.New(clientv3.Config{Endpoints: []string{peerEndpoint}, TLS: good, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 			if err != nil {
 				t.Fatal(err)
