@@ -77,6 +77,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newMigrateCmd(),
 		newClusterCmd(),
 		newCertsCmd(),
+		newXDSCmd(),
 	)
 	documentEnv(root)
 	return root
