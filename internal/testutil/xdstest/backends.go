@@ -33,11 +33,10 @@ type Backend struct {
 	once   sync.Once
 }
 
-// Host and Port are Addr split, as a ClusterLoadAssignment's SocketAddress
-// wants them.
+// Host is Addr's host, as a ClusterLoadAssignment's SocketAddress wants it.
 func (b *Backend) Host() string { h, _, _ := net.SplitHostPort(b.Addr); return h }
 
-// Port is Addr's port.
+// Port is Addr's port, as a SocketAddress's port_value wants it.
 func (b *Backend) Port() uint32 {
 	_, p, _ := net.SplitHostPort(b.Addr)
 	n, _ := strconv.ParseUint(p, 10, 16)
