@@ -98,7 +98,9 @@ func startControlPlane(t *testing.T) *controlPlane {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := server.NewServer(ctx, cp.cache, cb)
-	gs := grpc.NewServer()
+	// WaitForHandlers: Stop returns only once every stream's handler has,
+	// so no callback logs to t after the test is over.
+	gs := grpc.NewServer(grpc.WaitForHandlers(true))
 	discovery.RegisterAggregatedDiscoveryServiceServer(gs, srv)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
