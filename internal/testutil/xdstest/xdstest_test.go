@@ -665,3 +665,43 @@ func TestGRPCNACKKeepsPreviousConfig(t *testing.T) {
 	// was NACKed on and waits for a new one.
 	t.Logf("NACKs of the one rejected version before version 3: %d", len(cp.sotwNacks()))
 }
+
+// TestWeightsRingHash is the other mapping grpc-go honours: lb_policy
+// RING_HASH (hash function XX_HASH, the only one grpc-go accepts) gives
+// each endpoint a share of the ring in proportion to its weight (times its
+// locality's), and with no hash_policy on the route grpc-go hashes every
+// RPC at random, so RPCs split by endpoint weight while the endpoints stay
+// in their real locality. Same 400 RPCs at 3:1 and tolerance as TestWeights,
+// which the ring's own granularity (1024 entries at least) barely moves.
+func TestWeightsRingHash(t *testing.T) {
+	t.Parallel()
+	cp := startControlPlane(t)
+	bs := xdstest.StartBackends(t, 2)
+	const node = "client-ringhash"
+	heavy, light := bs[0], bs[1]
+	snap := webSnapshot(t, "1", "web", locality{region: "r1", zone: "r1-a",
+		eps: []ep{{b: heavy, health: core.HealthStatus_HEALTHY, weight: 3}, {b: light, health: core.HealthStatus_HEALTHY, weight: 1}}})
+	cl := snap.GetResources(resource.ClusterType)["web"].(*cluster.Cluster)
+	cl.LbPolicy = cluster.Cluster_RING_HASH
+	cl.LbConfig = &cluster.Cluster_RingHashLbConfig_{RingHashLbConfig: &cluster.Cluster_RingHashLbConfig{
+		HashFunction: cluster.Cluster_RingHashLbConfig_XX_HASH,
+	}}
+	if err := cl.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	cp.set(t, node, snap)
+	cc := xdstest.Client(t, "web", xdstest.Bootstrap(cp.addr, node, zoneA))
+	// ring_hash connects an endpoint only when a pick lands on it and
+	// walks the ring past endpoints not yet READY, so the split is judged
+	// once both have served.
+	waitOnly(t, cc, "both reached", start, heavy, light)
+	const n, want, tol = 400, 300, 40
+	var got map[string]int
+	wait.ForState(t, "a 3:1 split by endpoint weight on the ring", bound, func() (bool, string) {
+		got = xdstest.Spread(t, cc, n)
+		h := got[heavy.Addr]
+		return h >= want-tol && h <= want+tol && h+got[light.Addr] == n, xdstest.Format(got)
+	})
+	t.Logf("ring hash, endpoint weights 3:1: %s over %d RPCs", xdstest.Format(got), n)
+}
