@@ -9,7 +9,8 @@
 package xdstest
 
 import (
-	"encoding/json"
+	"fmt"
+	"github.com/aethermesh/aether/xds/bootstrap"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -24,49 +25,16 @@ type Locality struct {
 	Region, Zone string
 }
 
-// Bootstrap is a standard gRPC xDS bootstrap (gRFC A27) for one control
-// plane at serverAddr (host:port, plaintext): the same JSON a file named by
-// GRPC_XDS_BOOTSTRAP would hold, so what passes here passes there.
-//
-//   - channel_creds insecure: the harness's control planes listen on
-//     loopback without TLS; grpc-go refuses a server with no channel_creds
-//     it knows.
-//   - server_features ["xds_v3"]: the transport protocol version of A27.
-//     grpc-go v1.85 no longer reads it (v3 is the only protocol it speaks;
-//     it acts only on ignore_resource_deletion and trusted_xds_server), but
-//     other gRPC languages and older releases select v3 by it.
-//   - node.id is what a go-control-plane snapshot cache is keyed by
-//     (cache.IDHash); node.locality is sent in every request's Node.
+// Bootstrap is the bootstrap `aether xds bootstrap` prints (package
+// xds/bootstrap: a standard gRPC xDS bootstrap, gRFC A27) for one control
+// plane at serverAddr (host:port, plaintext), so a client of the tests is
+// configured exactly as a user's would be. Node id is what a
+// go-control-plane snapshot cache is keyed by (cache.IDHash); the locality
+// is sent in every request's Node.
 func Bootstrap(serverAddr, nodeID string, locality Locality) []byte {
-	type creds struct {
-		Type string `json:"type"`
-	}
-	type server struct {
-		ServerURI      string   `json:"server_uri"`
-		ChannelCreds   []creds  `json:"channel_creds"`
-		ServerFeatures []string `json:"server_features"`
-	}
-	type loc struct {
-		Region string `json:"region,omitempty"`
-		Zone   string `json:"zone,omitempty"`
-	}
-	type node struct {
-		ID       string `json:"id"`
-		Locality loc    `json:"locality"`
-	}
-	b, err := json.MarshalIndent(struct {
-		XDSServers []server `json:"xds_servers"`
-		Node       node     `json:"node"`
-	}{
-		XDSServers: []server{{
-			ServerURI:      serverAddr,
-			ChannelCreds:   []creds{{Type: "insecure"}},
-			ServerFeatures: []string{"xds_v3"},
-		}},
-		Node: node{ID: nodeID, Locality: loc{Region: locality.Region, Zone: locality.Zone}},
-	}, "", "  ")
+	b, err := bootstrap.JSON(bootstrap.Config{Server: serverAddr, Node: nodeID, Region: locality.Region, Zone: locality.Zone})
 	if err != nil {
-		panic(err) // only strings: cannot fail
+		panic(fmt.Sprintf("xdstest.Bootstrap: %v", err)) // a test's own misuse: no node id, or a bad address
 	}
 	return b
 }
