@@ -199,6 +199,7 @@ func drain(t *testing.T, c registrarv1.RegistrarClient, e *registryv1.ServiceEnd
 // endpoint; a registration adds one and a deregistration removes one,
 // each within localBound; a DRAINING endpoint gets no new RPC.
 func TestXDSClientFollowsTheRegistry(t *testing.T) {
+	t.Parallel()
 	m := startMesh(t)
 	a, b, c, d := startBackend(t, "127.0.0.11"), startBackend(t, "127.0.0.12"), startBackend(t, "127.0.0.13"), startBackend(t, "127.0.0.14")
 	for _, x := range []backend{a, b, c} {
@@ -237,6 +238,7 @@ func TestXDSClientFollowsTheRegistry(t *testing.T) {
 // zone while it has endpoints there, then to its region's other zone,
 // then to the other region, as the nearer endpoints go.
 func TestXDSLocalityFailover(t *testing.T) {
+	t.Parallel()
 	m := startMesh(t)
 	zone, region, other := startBackend(t, "127.0.0.21"), startBackend(t, "127.0.0.22"), startBackend(t, "127.0.0.23")
 	register(t, m.r1, zone.endpoint("api", "z1"))
@@ -274,6 +276,7 @@ func TestXDSLocalityFailover(t *testing.T) {
 // TestXDSRemoteRegistration: an endpoint registered on another region's
 // registrar reaches the xDS client through etcd within remoteBound.
 func TestXDSRemoteRegistration(t *testing.T) {
+	t.Parallel()
 	m := startMesh(t)
 	local, remote := startBackend(t, "127.0.0.31"), startBackend(t, "127.0.0.32")
 	register(t, m.r1, local.endpoint("db", "z1"))
@@ -283,4 +286,3 @@ func TestXDSRemoteRegistration(t *testing.T) {
 	waitSpread(t, cc, "traffic on r2's endpoint, the client's own zone", remoteBound, remote)
 	t.Logf("register on r2 → traffic through r1's xDS: %v (bound %v)", time.Since(at), remoteBound)
 }
-
