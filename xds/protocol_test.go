@@ -122,6 +122,7 @@ func TestDeltaADSSubscribesAndUnsubscribes(t *testing.T) {
 	a, b, cc2, d := startBackend(t, "127.0.0.41"), startBackend(t, "127.0.0.42"), startBackend(t, "127.0.0.43"), startBackend(t, "127.0.0.44")
 	register(t, c, a.endpoint("web", "z1"))
 	register(t, c, b.endpoint("api", "z1"))
+	register(t, c, startBackend(t, "127.0.0.45").endpoint("db", "z1"))
 
 	cc := dialXDS(t, srv.XDSAddr())
 	defer cc.Close()
@@ -139,7 +140,9 @@ func TestDeltaADSSubscribesAndUnsubscribes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ack := func(r *discoverygrpc.DeltaDiscoveryResponse) { send(&discoverygrpc.DeltaDiscoveryRequest{ResponseNonce: r.GetNonce()}) }
+	ack := func(r *discoverygrpc.DeltaDiscoveryResponse) {
+		send(&discoverygrpc.DeltaDiscoveryRequest{ResponseNonce: r.GetNonce()})
+	}
 
 	send(&discoverygrpc.DeltaDiscoveryRequest{
 		Node:                   &corev3.Node{Id: "delta-1", Locality: &corev3.Locality{Region: "r1", Zone: "z1"}},
@@ -171,7 +174,15 @@ func TestDeltaADSSubscribesAndUnsubscribes(t *testing.T) {
 	}
 	ack(r)
 
-	send(&discoverygrpc.DeltaDiscoveryRequest{ResourceNamesUnsubscribe: []string{"web"}, ResponseNonce: r.GetNonce()})
+	// The unsubscription gets no answer of its own; subscribing to db in
+	// the same request does, which says the server has applied both
+	// before web changes.
+	send(&discoverygrpc.DeltaDiscoveryRequest{ResourceNamesUnsubscribe: []string{"web"}, ResourceNamesSubscribe: []string{"db"}, ResponseNonce: r.GetNonce()})
+	r = next(t, resps, "unsubscribe web, subscribe db")
+	if got := deltaNames(r); !slices.Equal(got, []string{"db"}) {
+		t.Fatalf("subscribed to db, got %q", got)
+	}
+	ack(r)
 	register(t, c, d.endpoint("web", "z1")) // not to be sent: unsubscribed
 	drain(t, c, b.endpoint("api", "z1"))
 	r = next(t, resps, "api drained")
