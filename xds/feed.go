@@ -392,6 +392,14 @@ func (f *Feed) localityOf(n *corev3.Node) Locality {
 // client of a new locality is answered from its own snapshot at once.
 func (f *Feed) ensure(n *corev3.Node) {
 	loc := f.localityOf(n)
+	// Every request passes here: the common case, a known locality, takes
+	// the shared lock only.
+	f.locMu.RLock()
+	known := f.wanted[loc]
+	f.locMu.RUnlock()
+	if known {
+		return
+	}
 	f.locMu.Lock()
 	if f.wanted[loc] {
 		f.locMu.Unlock()
