@@ -26,6 +26,7 @@ import (
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/internal/testutil/meshtest"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registrar"
@@ -81,10 +82,16 @@ func (b backend) endpoint(svc, zone string) *registryv1.ServiceEndpoint {
 // proxyless client would send them.
 func xdsClient(t *testing.T, xdsAddr, target, nodeID, region, zone string) *grpc.ClientConn {
 	t.Helper()
+	return xdsClientWith(t, xdsAddr, `{"type": "insecure"}`, target, nodeID, region, zone)
+}
+
+// xdsClientWith is xdsClient with the bootstrap's channel_creds entry.
+func xdsClientWith(t *testing.T, xdsAddr, creds, target, nodeID, region, zone string) *grpc.ClientConn {
+	t.Helper()
 	bootstrap := fmt.Sprintf(`{
-  "xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
+  "xds_servers": [{"server_uri": %q, "channel_creds": [%s], "server_features": ["xds_v3"]}],
   "node": {"id": %q, "locality": {"region": %q, "zone": %q}}
-}`, xdsAddr, nodeID, region, zone)
+}`, xdsAddr, creds, nodeID, region, zone)
 	builder, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
 	if err != nil {
 		t.Fatal(err)
@@ -285,4 +292,27 @@ func TestXDSRemoteRegistration(t *testing.T) {
 	at := register(t, m.r2, remote.endpoint("db", "z1"))
 	waitSpread(t, cc, "traffic on r2's endpoint, the client's own zone", remoteBound, remote)
 	t.Logf("register on r2 → traffic through r1's xDS: %v (bound %v)", time.Since(at), remoteBound)
+}
+
+// TestXDSClientOverMTLS: grpc-go's xDS client with the bootstrap's "tls"
+// channel credentials (a node certificate of the registrar's CA) reaches
+// a registrar that runs mTLS, as the README shows.
+func TestXDSClientOverMTLS(t *testing.T) {
+	t.Parallel()
+	m := meshtest.New(t, "example.org")
+	etcd := etcdtest.Start(t)
+	s := regtest.Start(t, server.Config{
+		EtcdEndpoints: etcd.Endpoints(), XDSAddr: "127.0.0.1:0",
+		Options:     registrar.Options{ClusterName: "c1", Region: "r1", Zone: "z1"},
+		TLSCertFile: m.ServerCert, TLSKeyFile: m.ServerKey, TLSClientCAFile: m.CA, TrustDomain: "example.org",
+	})
+	a := startBackend(t, "127.0.0.61")
+	if _, _, err := s.Registrar().Register(a.endpoint("web", "z1")); err != nil {
+		t.Fatal(err)
+	}
+	node := m.Certs["node-node-a"]
+	creds := fmt.Sprintf(`{"type": "tls", "config": {"ca_certificate_file": %q, "certificate_file": %q, "private_key_file": %q}}`, m.CA, node[0], node[1])
+	addr := strings.Replace(s.XDSAddr(), "127.0.0.1", "localhost", 1) // the certificate's name
+	cc := xdsClientWith(t, addr, creds, "web", "client-tls", "r1", "z1")
+	waitSpread(t, cc, "traffic through an xDS client on mTLS", 10*time.Second, a)
 }
