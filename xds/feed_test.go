@@ -1,8 +1,10 @@
 package xds
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,7 +14,11 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -243,5 +249,50 @@ func TestFeedBuildsLocalitiesOnDemandWithinItsBound(t *testing.T) {
 	}
 	if _, err := f.Cache().GetSnapshot(localityKey(Locality{Region: "r3"})); err == nil {
 		t.Error("a snapshot was built for a locality beyond the bound")
+	}
+}
+
+// TestServeAnswersAndStops: Serve serves the per-type services on its
+// listener until its context ends, then stops and joins the feed.
+func TestServeAnswersAndStops(t *testing.T) {
+	src := newScript(replica.Start{Snapshot: []*registryv1.ServiceEndpoint{ep("web", "10.0.0.1", "r1", "z1")}, At: registry.Position{Epoch: "E1", Seq: 1}})
+	s, err := New(Config{Source: src, Locality: Locality{Region: "r1", Zone: "z1"}, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, lis) }()
+
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	stream, err := listenerservice.NewListenerDiscoveryServiceClient(cc).StreamListeners(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&discoverygrpc.DiscoveryRequest{Node: &corev3.Node{Id: "lds"}, ResourceNames: []string{"web"}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := stream.Recv()
+	if err != nil || len(r.GetResources()) != 1 {
+		t.Fatalf("LDS web: %v, %v", r, err)
+	}
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("Serve: %v, want nil once its context ended", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return after its context ended")
 	}
 }

@@ -2,7 +2,6 @@ package xds
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -97,34 +96,25 @@ func (s *Server) Register(g *grpc.Server) {
 }
 
 // Serve serves xDS on lis with a grpc.Server of its own built from opts
-// (credentials, keepalive) until ctx ends, then stops it and the feed.
+// (credentials, keepalive), with the feed started, until ctx ends (nil)
+// or the server fails (its error); either way the grpc.Server is stopped
+// and the feed closed before it returns.
 func (s *Server) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
 	g := grpc.NewServer(opts...)
 	s.Register(g)
 	s.Start()
+	defer s.Close()
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()
-	var err error
 	select {
 	case <-ctx.Done():
-	case err = <-errc:
+		g.Stop()
+		<-errc // Serve returns nil once stopped
+		return nil
+	case err := <-errc:
+		g.Stop()
+		return fmt.Errorf("xds: serve %s: %w", lis.Addr(), err)
 	}
-	s.Close()
-	g.Stop()
-	if e := <-chanOrNil(errc, err); e != nil && !errors.Is(e, grpc.ErrServerStopped) {
-		return fmt.Errorf("xds: serve %s: %w", lis.Addr(), e)
-	}
-	return nil
-}
-
-// chanOrNil waits for Serve's result unless it is already in hand.
-func chanOrNil(errc chan error, got error) chan error {
-	if got != nil {
-		c := make(chan error, 1)
-		c <- got
-		return c
-	}
-	return errc
 }
 
 // Close stops the feed (joining its goroutine) and ends the streams
