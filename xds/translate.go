@@ -19,6 +19,7 @@ package xds
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -293,15 +294,36 @@ func LoadAssignment(t Target, consumer Locality) *endpointv3.ClusterLoadAssignme
 			strings.Compare(a.loc.Zone, b.loc.Zone))
 	})
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: t.Name}
-	for _, g := range groups {
-		prio := uint32(len(tiers))
+	prioOf := func(g *group) uint32 {
 		if g.serving {
-			prio = rank[g.tier]
+			return rank[g.tier]
 		}
+		return uint32(len(tiers))
+	}
+	// grpc-go refuses an assignment whose locality weights sum to more
+	// than 2^32-1 within a priority, and one whose endpoint weights do
+	// within a locality; either takes tens of thousands of endpoints at
+	// the largest weight, and is then scaled down (ratios kept, each at
+	// least 1) rather than refused by every client.
+	sums := map[uint32]uint64{}
+	for _, g := range groups {
+		sums[prioOf(g)] += max(g.weight, 1)
+	}
+	for _, g := range groups {
+		var epSum uint64
+		for _, e := range g.eps {
+			epSum += uint64(e.GetLoadBalancingWeight().GetValue())
+		}
+		if epSum > math.MaxUint32 {
+			for _, e := range g.eps {
+				e.LoadBalancingWeight = wrapperspb.UInt32(scale(uint64(e.GetLoadBalancingWeight().GetValue()), epSum))
+			}
+		}
+		prio := prioOf(g)
 		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
 			Locality:            &corev3.Locality{Region: g.loc.Region, Zone: g.loc.Zone},
 			LbEndpoints:         g.eps,
-			LoadBalancingWeight: wrapperspb.UInt32(uint32(min(max(g.weight, 1), 1<<31))),
+			LoadBalancingWeight: wrapperspb.UInt32(scale(max(g.weight, 1), sums[prio])),
 			Priority:            prio,
 		})
 	}
@@ -309,6 +331,19 @@ func LoadAssignment(t Target, consumer Locality) *endpointv3.ClusterLoadAssignme
 		return cmp.Compare(a.Priority, b.Priority)
 	})
 	return cla
+}
+
+// scale is w out of a total that may exceed what grpc-go accepts, as a
+// weight whose sum with the others' fits 2^32-1: w itself when it fits,
+// else w shrunk by the factor the total exceeds it by (at least 1, so
+// the sum may overshoot by at most one per weight, far below the slack
+// the integer division leaves).
+func scale(w, total uint64) uint32 {
+	if total <= math.MaxUint32 {
+		return uint32(w)
+	}
+	factor := total/math.MaxUint32 + 1
+	return uint32(max(w/factor, 1))
 }
 
 // Resources are the xDS resources of a set of services for one consumer

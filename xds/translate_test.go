@@ -2,6 +2,7 @@ package xds
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -300,5 +301,27 @@ func TestTranslateResourcesValidate(t *testing.T) {
 		if x.GetType() != clusterv3.Cluster_EDS || x.GetEdsClusterConfig().GetEdsConfig().GetAds() == nil || x.GetLbPolicy() != clusterv3.Cluster_ROUND_ROBIN {
 			t.Errorf("cluster %s: not EDS over ADS, round robin: %v", x.Name, x)
 		}
+	}
+}
+
+// TestScaleKeepsSumsWithinGRPCsLimit: weights whose total exceeds
+// 2^32-1 are shrunk so the total fits, keeping their ratios, none 0.
+func TestScaleKeepsSumsWithinGRPCsLimit(t *testing.T) {
+	if got := scale(7, 100); got != 7 {
+		t.Errorf("scale(7, 100) = %d: a total that fits leaves weights alone", got)
+	}
+	ws := []uint64{math.MaxUint32, math.MaxUint32, math.MaxUint32 / 2, 1}
+	var total, sum uint64
+	for _, w := range ws {
+		total += w
+	}
+	var out []uint32
+	for _, w := range ws {
+		s := scale(w, total)
+		out = append(out, s)
+		sum += uint64(s)
+	}
+	if sum > math.MaxUint32 || out[3] == 0 || out[0] != out[1] || out[0] < 2*out[2]-1 || out[0] > 2*out[2]+1 {
+		t.Errorf("scaled %v to %v (sum %d): want the sum within 2^32-1, the ratios kept, nothing 0", ws, out, sum)
 	}
 }
