@@ -68,6 +68,7 @@ type Server struct {
 	xds     *xds.Server  // nil without --xds-addr
 	xdsGRPC *grpc.Server // its own server: xDS clients are not Registrar clients
 	xdsLis  net.Listener
+	xdsDone chan struct{} // closed when xdsGRPC.Serve has returned
 
 	tls *pki.Reloader // nil without --tls-cert
 
@@ -439,8 +440,10 @@ func (s *Server) serveXDS(creds []grpc.ServerOption) (err error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	)...)
 	s.xds.Register(s.xdsGRPC)
-	lis := s.xdsLis
+	lis, done := s.xdsLis, make(chan struct{})
+	s.xdsDone = done
 	go func() {
+		defer close(done)
 		if err := s.xdsGRPC.Serve(lis); err != nil {
 			log.Error("xds server stopped", "err", err)
 		}
@@ -552,6 +555,7 @@ func (s *Server) closeXDS() {
 	}
 	if s.xdsGRPC != nil {
 		s.xdsGRPC.Stop()
+		<-s.xdsDone
 	}
 }
 
