@@ -257,6 +257,11 @@ func TestXDSLocalityFailover(t *testing.T) {
 	far := xdsClient(t, m.xds, "api", "client-r2", "r2", "z1")
 	waitSpread(t, far, "the r2 client to use its own zone", 10*time.Second, other)
 
+	// A client that sends no locality is served as the registrar's own
+	// (r1/z1).
+	anon := xdsClient(t, m.xds, "api", "client-anon", "", "")
+	waitSpread(t, anon, "a client without locality in the registrar's zone", 10*time.Second, zone)
+
 	cc := xdsClient(t, m.xds, "api", "client-r1", "r1", "z1")
 	waitSpread(t, cc, "traffic in the client's zone", 10*time.Second, zone)
 	if counts := spread(cc, 100); !only(counts, zone) {
