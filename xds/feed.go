@@ -68,7 +68,12 @@ type FeedConfig struct {
 // alone, and a delta stream gets what it subscribed to. It runs with
 // ads=false: with ads=true it answers a request only when the request
 // names every resource of that type in the snapshot, which a client
-// asking for its one target never does.
+// asking for its one target never does. Its cost: a state-of-the-world
+// version is per type, so any endpoint change re-sends every SOTW
+// client's load assignments, unchanged ones included (delta clients get
+// only what changed). Per-resource versions, a LinearCache per locality
+// behind a cache that dispatches by node, are the remedy if the fan-out
+// benchmark of issue 14 asks for it.
 //
 // Versions: every change the feed applies takes the next number of a
 // sequence prefixed by the feed's incarnation (a random token drawn at
