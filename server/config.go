@@ -34,6 +34,12 @@ type Config struct {
 	// DefaultListenAddrs: loopback only without TLS.
 	GRPCAddr string
 	HTTPAddr string
+	// XDSAddr, when set, serves xDS (package xds: ADS and the per-type
+	// services, state of the world and delta) for proxyless gRPC clients
+	// and gateways that run no agent, on a gRPC server of its own, with
+	// the same TLS (and client certificate requirement) as GRPCAddr. Empty
+	// means off.
+	XDSAddr string
 	// EnablePprof serves Go's runtime profiles at /debug/pprof/ on HTTPAddr,
 	// as etcd's --enable-pprof does. Off by default: a profile costs CPU and
 	// shows internals, so it is for diagnosing, behind the same TLS as

@@ -17,6 +17,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -39,6 +40,7 @@ import (
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registrar/grpcapi"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/xds"
 )
 
 // Server is a running registrar process: its etcd (embedded or a client to
@@ -62,6 +64,11 @@ type Server struct {
 	http    *http.Server
 	grpcLis net.Listener
 	httpLis net.Listener
+
+	xds     *xds.Server  // nil without --xds-addr
+	xdsGRPC *grpc.Server // its own server: xDS clients are not Registrar clients
+	xdsLis  net.Listener
+	xdsDone chan struct{} // closed when xdsGRPC.Serve has returned
 
 	tls *pki.Reloader // nil without --tls-cert
 
@@ -174,6 +181,11 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 	}
 	if s.httpLis, err = net.Listen("tcp", opts.HTTPAddr); err != nil {
 		return nil, fmt.Errorf("--http-addr %s: %w (choose a free address)", opts.HTTPAddr, err)
+	}
+	if opts.XDSAddr != "" {
+		if s.xdsLis, err = net.Listen("tcp", opts.XDSAddr); err != nil {
+			return nil, fmt.Errorf("--xds-addr %s: %w (choose a free address, or leave it empty to serve no xDS)", opts.XDSAddr, err)
+		}
 	}
 
 	// Everything read from files is read now, so that a bad certificate
@@ -293,6 +305,12 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 		}
 	}()
 
+	if s.xdsLis != nil {
+		if err := s.serveXDS(grpcCreds); err != nil {
+			return nil, err
+		}
+	}
+
 	loadCtx, cancel := context.WithCancel(ctx)
 	s.loadStop = cancel
 	go func() {
@@ -388,12 +406,58 @@ func (s *Server) load(ctx context.Context, etcdCfg clientv3.Config, peers []repl
 		}()
 		log.Info("multi-region replication configured", "peers", len(peers), "lease_ttl", opts.ReplicationLeaseTTL)
 	}
+	if s.xds != nil {
+		// The feed subscribes to the replica, which refuses until its
+		// snapshot is loaded; clients connected meanwhile wait for the
+		// first snapshot.
+		s.xds.Start()
+	}
 	s.startup.ready()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(registrarv1.Registrar_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	log.Info("registrar serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(),
 		"cluster", opts.ClusterName, "region", opts.Region, "tls", opts.TLSEnabled(), "mtls", opts.AuthzEnabled())
 	return nil
+}
+
+// serveXDS serves xDS on its own listener and gRPC server: xDS clients
+// are not Registrar clients, so neither the Registrar API's codec and
+// start-up gate nor its stream limits apply, but its credentials do.
+func (s *Server) serveXDS(creds []grpc.ServerOption) (err error) {
+	opts, log := s.opts, s.opts.Logger
+	s.xds, err = xds.New(xds.Config{
+		Source:     s.reg,
+		Locality:   xds.Locality{Region: opts.Region, Zone: opts.Zone},
+		Logger:     log.With("component", "xds"),
+		Registerer: s.reg.MetricsRegistry(),
+	})
+	if err != nil {
+		return fmt.Errorf("--xds-addr: %w", err)
+	}
+	s.xdsGRPC = grpc.NewServer(append(slices.Clip(creds),
+		grpc.MaxRecvMsgSize(opts.MaxRecvMsgSize),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	)...)
+	s.xds.Register(s.xdsGRPC)
+	lis, done := s.xdsLis, make(chan struct{})
+	s.xdsDone = done
+	go func() {
+		defer close(done)
+		if err := s.xdsGRPC.Serve(lis); err != nil {
+			log.Error("xds server stopped", "err", err)
+		}
+	}()
+	log.Info("serving xDS", "addr", s.XDSAddr(), "tls", opts.TLSEnabled(), "mtls", opts.AuthzEnabled())
+	return nil
+}
+
+// XDSAddr is the bound xDS address, "" without --xds-addr.
+func (s *Server) XDSAddr() string {
+	if s.xdsLis == nil {
+		return ""
+	}
+	return s.xdsLis.Addr().String()
 }
 
 // WaitReady waits until the snapshot is loaded and the registrar serves
@@ -477,12 +541,26 @@ func (s *Server) Close(ctx context.Context) error {
 		s.grpc.Stop() // streams do not end by themselves
 	}
 	s.api.Wait() // the streams' goroutines, released by the stop
+	s.closeXDS()
 	err := s.reg.Close(ctx)
 	s.teardown()
 	return err
 }
 
+// closeXDS stops the feed first (joining its goroutine), then the xDS
+// server and its streams: xDS streams never end by themselves.
+func (s *Server) closeXDS() {
+	if s.xds != nil {
+		s.xds.Close()
+	}
+	if s.xdsGRPC != nil {
+		s.xdsGRPC.Stop()
+		<-s.xdsDone
+	}
+}
+
 func (s *Server) teardown() {
+	s.closeXDS()
 	if s.replStop != nil {
 		// Stops mirroring without revoking peer leases: revoking would
 		// delete this region's mirror from every peer at once. Left alone,
@@ -498,7 +576,7 @@ func (s *Server) teardown() {
 	if s.http != nil {
 		_ = s.http.Close()
 	}
-	for _, l := range []net.Listener{s.grpcLis, s.httpLis} {
+	for _, l := range []net.Listener{s.grpcLis, s.httpLis, s.xdsLis} {
 		if l != nil {
 			_ = l.Close()
 		}

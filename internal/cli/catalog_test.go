@@ -64,6 +64,19 @@ func TestDefaultsCatalog(t *testing.T) {
 		{rule: "an address from the environment is explicit", env: map[string]string{"AETHER_GRPC_ADDR": "0.0.0.0:9443"}, args: []string{"registrar"}, check: listen("0.0.0.0:9443", "127.0.0.1:8081")},
 		{rule: "an explicit address wins over TLS", args: with([]string{"registrar", "--http-addr", "127.0.0.1:8081"}, tls...), check: listen(":9443", "127.0.0.1:8081")},
 		{rule: "an empty address is refused", args: []string{"registrar", "--grpc-addr", ""}, err: `--grpc-addr "": not a host:port address`},
+		{rule: "xDS is off by default", args: []string{"registrar"}, check: served(func(o server.Config) string {
+			if o.XDSAddr != "" {
+				return "XDSAddr " + o.XDSAddr + ", want empty (off)"
+			}
+			return ""
+		})},
+		{rule: "--xds-addr is passed on", args: []string{"registrar", "--xds-addr", "127.0.0.1:15010"}, check: served(func(o server.Config) string {
+			if o.XDSAddr != "127.0.0.1:15010" {
+				return "XDSAddr " + o.XDSAddr + ", want 127.0.0.1:15010"
+			}
+			return ""
+		})},
+		{rule: "a bad --xds-addr is refused by name", args: []string{"registrar", "--xds-addr", "15010"}, err: `--xds-addr "15010": not a host:port address`},
 
 		// Registrar flags whose zero would silently be the default.
 		{rule: "zero --sync-interval", args: []string{"registrar", "--sync-interval", "0s"}, err: "--sync-interval 0s: must be positive (0 is not a setting here: it would silently mean the default); to run with the default (5s), leave --sync-interval out"},

@@ -31,7 +31,7 @@ func newRegistrarCmd(d deps) *cobra.Command {
 
 With no --etcd-endpoints the registrar runs an embedded etcd in --data-dir.
 It serves the Registrar gRPC API on --grpc-addr and /healthz, /readyz and
-/metrics on --http-addr, and runs until interrupted (SIGINT or SIGTERM),
+/metrics on --http-addr (and xDS on --xds-addr when given), and runs until interrupted (SIGINT or SIGTERM),
 then shuts down gracefully. Without TLS both listen on loopback unless given
 explicitly. Until its snapshot is loaded from etcd it answers every call
 with UNAVAILABLE saying what it waits for (see docs/operations.md).
@@ -91,6 +91,7 @@ Without them it serves plaintext and warns: development only.`,
 	f.StringVar(&opts.EmbeddedEtcdPeerAddr, "embedded-etcd-peer-addr", opts.EmbeddedEtcdPeerAddr, "peer address of the embedded etcd")
 	f.StringVar(&opts.GRPCAddr, "grpc-addr", opts.GRPCAddr, "address of the Registrar gRPC API (port 0 picks a free port); default loopback only without TLS, "+server.DefaultTLSGRPCAddr+" (every interface) with --tls-cert")
 	f.StringVar(&opts.HTTPAddr, "http-addr", opts.HTTPAddr, "address of /healthz, /readyz and /metrics (port 0 picks a free port); default loopback only without TLS, "+server.DefaultTLSHTTPAddr+" (every interface) with --tls-cert")
+	f.StringVar(&opts.XDSAddr, "xds-addr", "", "serve xDS (ADS, CDS/EDS/LDS/RDS, state of the world and delta) for proxyless gRPC clients (xds:///service) and gateways on this address, with the same TLS as --grpc-addr; empty (the default) serves none. Resources are named after the service, or service:port for a service with several ports (see README, \"xDS\")")
 	f.BoolVar(&opts.EnablePprof, "enable-pprof", false, "serve Go runtime profiles at /debug/pprof/ on --http-addr (for diagnosing; off by default)")
 	f.StringVar(&opts.ClusterName, "cluster-name", opts.ClusterName, "cluster this registrar writes for")
 	f.StringVar(&opts.Region, "region", opts.Region, "region this registrar writes for")
@@ -185,6 +186,9 @@ func validateRegistrarOptions(o server.Config) error {
 			struct{ flag, value string }{"--embedded-etcd-addr", o.EmbeddedEtcdAddr},
 			struct{ flag, value string }{"--embedded-etcd-peer-addr", o.EmbeddedEtcdPeerAddr},
 		)
+	}
+	if o.XDSAddr != "" {
+		addrs = append(addrs, struct{ flag, value string }{"--xds-addr", o.XDSAddr})
 	}
 	for _, a := range addrs {
 		if _, _, err := net.SplitHostPort(a.value); err != nil {
