@@ -14,7 +14,16 @@ import (
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -299,4 +308,142 @@ func TestXDSClientOverMTLS(t *testing.T) {
 	}
 	cc := xdstest.Client(t, "web", bs)
 	waitOnly(t, cc, "traffic through an xDS client on mTLS", 10*time.Second, a)
+}
+
+// TestXDSSotwADSReferencesResolve is the ordering a state-of-the-world
+// ADS client gets, on a raw stream that asks in grpc-go's order (each
+// name read from the resource before it: Listener → RouteConfiguration →
+// Cluster → ClusterLoadAssignment).
+//
+// What holds, and why: every snapshot the feed sets holds a target's four
+// resources together, so each name a response carries is answered at
+// once from the same snapshot (a Cluster's endpoints are there the moment
+// the client asks for them); a stable target's Listener, route and
+// Cluster never change (they are functions of its name), so an endpoint
+// change pushes the CLA alone and nothing can reorder under a client; a
+// change of the target set re-sends Listener, route and Cluster unchanged;
+// and a target goes as a whole. What does not hold: the wire order of the
+// types within one change. go-control-plane v0.14.0 orders it only with
+// an ADS-mode SnapshotCache (NewSnapshotCache(true, ...): it answers the
+// watches of a SetSnapshot sorted CDS, EDS, LDS, RDS) plus
+// sotw.WithOrderedADS() (one FIFO channel for all types); the ADS-mode
+// cache also answers a request only if it names every resource of its
+// type in the snapshot, which no client of one target among many does
+// (feed.go), so neither is usable here. The order is logged, not
+// asserted.
+func TestXDSSotwADSReferencesResolve(t *testing.T) {
+	t.Parallel()
+	srv := startOne(t, nil)
+	c := regtest.Dial(t, srv.GRPCAddr())
+	bs := backends(t, "127.0.0.91", "127.0.0.92", "127.0.0.93")
+	register(t, c, endpoint(bs[0], "web", "z1"))
+
+	cc := dialXDS(t, srv.XDSAddr())
+	defer cc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := discoverygrpc.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resps := received(t, stream.Recv)
+	node := &corev3.Node{Id: "ads-order", Locality: &corev3.Locality{Region: "r1", Zone: "z1"}}
+	names := map[string][]string{}
+	last := map[string]*discoverygrpc.DiscoveryResponse{}
+	// ask subscribes typ to ns, ACKing the last response of typ.
+	ask := func(typ string, ns ...string) {
+		t.Helper()
+		names[typ] = ns
+		req := &discoverygrpc.DiscoveryRequest{Node: node, TypeUrl: typ, ResourceNames: ns}
+		if r := last[typ]; r != nil {
+			req.VersionInfo, req.ResponseNonce = r.GetVersionInfo(), r.GetNonce()
+		}
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// recv takes the next response, ACKs it, and returns it.
+	recv := func(what string) *discoverygrpc.DiscoveryResponse {
+		t.Helper()
+		r := next(t, resps, what)
+		last[r.GetTypeUrl()] = r
+		ask(r.GetTypeUrl(), names[r.GetTypeUrl()]...)
+		return r
+	}
+	one := func(r *discoverygrpc.DiscoveryResponse, typ string, m proto.Message) {
+		t.Helper()
+		if r.GetTypeUrl() != typ || len(r.GetResources()) != 1 {
+			t.Fatalf("want one %s, got %s with %d resources", typ, r.GetTypeUrl(), len(r.GetResources()))
+		}
+		if err := r.GetResources()[0].UnmarshalTo(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The chain, each name from the resource before.
+	ask(resourcev3.ListenerType, "web")
+	var lis listenerv3.Listener
+	one(recv("LDS web"), resourcev3.ListenerType, &lis)
+	var hcm hcmv3.HttpConnectionManager
+	if err := lis.GetApiListener().GetApiListener().UnmarshalTo(&hcm); err != nil {
+		t.Fatal(err)
+	}
+	ask(resourcev3.RouteType, hcm.GetRds().GetRouteConfigName())
+	var rc routev3.RouteConfiguration
+	one(recv("RDS of the listener"), resourcev3.RouteType, &rc)
+	ask(resourcev3.ClusterType, rc.GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetCluster())
+	var cl clusterv3.Cluster
+	one(recv("CDS of the route"), resourcev3.ClusterType, &cl)
+	ask(resourcev3.EndpointType, cl.GetEdsClusterConfig().GetServiceName())
+	var cla endpointv3.ClusterLoadAssignment
+	one(recv("EDS of the cluster"), resourcev3.EndpointType, &cla)
+	if n := len(cla.GetEndpoints()); n != 1 {
+		t.Fatalf("web's CLA: %d localities, want 1", n)
+	}
+	held := map[string]proto.Message{resourcev3.ListenerType: &lis, resourcev3.RouteType: &rc, resourcev3.ClusterType: &cl}
+
+	// An endpoint change: the CLA alone is pushed.
+	register(t, c, endpoint(bs[1], "web", "z1"))
+	one(recv("EDS after a registration"), resourcev3.EndpointType, &cla)
+	if n := len(cla.GetEndpoints()); n != 2 {
+		t.Fatalf("web's CLA after a registration: %d localities, want 2", n)
+	}
+	select {
+	case r := <-resps:
+		t.Fatalf("an endpoint change of a stable target pushed %s too", r.GetTypeUrl())
+	case <-time.After(500 * time.Millisecond):
+	}
+
+	// Another service: the target set changes, and web's Listener, route
+	// and Cluster come again, unchanged, with its CLA.
+	register(t, c, endpoint(bs[2], "api", "z1"))
+	var order []string
+	for seen := map[string]bool{}; len(seen) < 4; {
+		r := recv("the re-sends after a new target")
+		seen[r.GetTypeUrl()] = true
+		order = append(order, strings.TrimPrefix(r.GetTypeUrl(), "type.googleapis.com/envoy.config."))
+		if m := held[r.GetTypeUrl()]; m != nil {
+			got := m.ProtoReflect().New().Interface()
+			one(r, r.GetTypeUrl(), got)
+			if !proto.Equal(got, m) {
+				t.Errorf("%s changed with another target's arrival", r.GetTypeUrl())
+			}
+		}
+	}
+	t.Logf("a new target: re-sent in the order %v", order)
+
+	// web's last endpoints go: every type answers without web.
+	deregister(t, c, endpoint(bs[0], "web", "z1"))
+	one(recv("EDS after a deregistration"), resourcev3.EndpointType, &cla)
+	deregister(t, c, endpoint(bs[1], "web", "z1"))
+	order = nil
+	for seen := map[string]bool{}; len(seen) < 4; {
+		r := recv("the removals of web")
+		if len(r.GetResources()) != 0 {
+			t.Fatalf("%s still carries %d resources after web's target went", r.GetTypeUrl(), len(r.GetResources()))
+		}
+		seen[r.GetTypeUrl()] = true
+		order = append(order, strings.TrimPrefix(r.GetTypeUrl(), "type.googleapis.com/envoy.config."))
+	}
+	t.Logf("a target gone: removed in the order %v", order)
 }
