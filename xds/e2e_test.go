@@ -382,8 +382,15 @@ func TestXDSSotwADSReferencesResolve(t *testing.T) {
 
 	// The chain, each name from the resource before.
 	ask(resourcev3.ListenerType, "web")
+	// The feed applies the registration asynchronously: until it has, web
+	// does not exist (an LDS answer without it), and the next snapshot
+	// brings it.
+	r := recv("LDS web")
+	for len(r.GetResources()) == 0 {
+		r = recv("LDS web, once the feed has it")
+	}
 	var lis listenerv3.Listener
-	one(recv("LDS web"), resourcev3.ListenerType, &lis)
+	one(r, resourcev3.ListenerType, &lis)
 	var hcm hcmv3.HttpConnectionManager
 	if err := lis.GetApiListener().GetApiListener().UnmarshalTo(&hcm); err != nil {
 		t.Fatal(err)
