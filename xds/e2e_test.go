@@ -151,6 +151,7 @@ func TestXDSClientFollowsTheRegistry(t *testing.T) {
 	// 16.3, and 400±80 is 4.9 sigma.
 	const n, third, tol = 1200, 400, 80
 	counts := xdstest.Spread(t, cc, n)
+	t.Logf("equal weights: %s over %d RPCs, want %d±%d each", xdstest.Format(counts), n, third, tol)
 	for _, x := range []*xdstest.Backend{a, b, c} {
 		if k := counts[x.Addr]; k < third-tol || k > third+tol {
 			t.Errorf("%s got %d of %d RPCs, want %d±%d: %s", x.Addr, k, n, third, tol, xdstest.Format(counts))
