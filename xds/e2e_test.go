@@ -4,24 +4,26 @@ package xds_test
 // real gRPC backends on loopback addresses, and grpc-go's own xDS client
 // (the xds:/// resolver with a per-client bootstrap) doing real RPCs.
 //
-// The harness here is minimal and inline (backends, a client, a spread
-// of picks); internal/testutil/xdstest is to replace it.
+// The harness is internal/testutil/xdstest: its backends answer with
+// their own address, so each RPC names the backend that served it.
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"sort"
+	"math"
 	"strings"
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/peer"
-	grpcxds "google.golang.org/grpc/xds" // registers the xDS balancers too
+	"google.golang.org/protobuf/proto"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -29,8 +31,10 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/meshtest"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
+	"github.com/aethermesh/aether/internal/testutil/xdstest"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/server"
+	"github.com/aethermesh/aether/xds/bootstrap"
 )
 
 // Bounds the tests hold the xDS path to. A change made on the registrar
@@ -44,118 +48,40 @@ const (
 	remoteBound = 3 * time.Second
 )
 
-// backend is a real gRPC server (the health service: any unary method
-// would do) on its own loopback IP, since an endpoint's identity is its
-// IP: the client tells backends apart by the peer address of each RPC.
-type backend struct {
-	ip   string
-	port uint32
-}
-
-func startBackend(t *testing.T, ip string) backend {
+// backends are xdstest backends each on a loopback IP of its own (every
+// 127.0.0.0/8 address is loopback on Linux), since the registry keys an
+// endpoint by service, protocol and IP: two backends on 127.0.0.1 would be
+// one endpoint.
+func backends(t *testing.T, ips ...string) []*xdstest.Backend {
 	t.Helper()
-	lis, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatalf("listen on %s (every 127.0.0.0/8 address is loopback on Linux): %v", ip, err)
-	}
-	g := grpc.NewServer()
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(g, hs)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = g.Serve(lis) }()
-	t.Cleanup(func() { g.Stop(); <-done })
-	return backend{ip: ip, port: uint32(lis.Addr().(*net.TCPAddr).Port)}
+	return xdstest.StartBackendsAt(t, ips...)
 }
-
-func (b backend) addr() string { return net.JoinHostPort(b.ip, fmt.Sprint(b.port)) }
 
 // endpoint is b as service svc's gRPC endpoint in zone.
-func (b backend) endpoint(svc, zone string) *registryv1.ServiceEndpoint {
+func endpoint(b *xdstest.Backend, svc, zone string) *registryv1.ServiceEndpoint {
 	return &registryv1.ServiceEndpoint{
-		Service: svc, Protocol: registryv1.Protocol_PROTOCOL_GRPC, Ip: b.ip,
-		Ports: []*registryv1.Port{{Name: "grpc", Port: b.port}}, Node: "n1", Zone: zone,
+		Service: svc, Protocol: registryv1.Protocol_PROTOCOL_GRPC, Ip: b.Host(),
+		Ports: []*registryv1.Port{{Name: "grpc", Port: b.Port()}}, Node: "n1", Zone: zone,
 	}
 }
 
 // xdsClient is grpc-go's xDS client for target, with a bootstrap of its
-// own (no process-global GRPC_XDS_BOOTSTRAP): node id and locality as a
+// own (the one `aether xds bootstrap` prints): node id and locality as a
 // proxyless client would send them.
 func xdsClient(t *testing.T, xdsAddr, target, nodeID, region, zone string) *grpc.ClientConn {
 	t.Helper()
-	return xdsClientWith(t, xdsAddr, `{"type": "insecure"}`, target, nodeID, region, zone)
+	return xdstest.Client(t, target, xdstest.Bootstrap(xdsAddr, nodeID, xdstest.Locality{Region: region, Zone: zone}))
 }
 
-// xdsClientWith is xdsClient with the bootstrap's channel_creds entry.
-func xdsClientWith(t *testing.T, xdsAddr, creds, target, nodeID, region, zone string) *grpc.ClientConn {
-	t.Helper()
-	bootstrap := fmt.Sprintf(`{
-  "xds_servers": [{"server_uri": %q, "channel_creds": [%s], "server_features": ["xds_v3"]}],
-  "node": {"id": %q, "locality": {"region": %q, "zone": %q}}
-}`, xdsAddr, creds, nodeID, region, zone)
-	builder, err := grpcxds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///"+target, grpc.WithResolvers(builder), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc
-}
-
-// spread does n RPCs and counts them by the backend that served them
-// ("error" for a failed one).
-func spread(cc *grpc.ClientConn, n int) map[string]int {
-	out := map[string]int{}
-	hc := healthpb.NewHealthClient(cc)
-	for range n {
-		var p peer.Peer
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}, grpc.Peer(&p), grpc.WaitForReady(true))
-		cancel()
-		if err != nil {
-			out["error"]++
-			continue
-		}
-		out[p.Addr.String()]++
-	}
-	return out
-}
-
-func show(m map[string]int) string {
-	var parts []string
-	for k, v := range m {
-		parts = append(parts, fmt.Sprintf("%s=%d", k, v))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, " ")
-}
-
-// only says whether the RPCs went to exactly the backends in want, each
-// at least once.
-func only(m map[string]int, want ...backend) bool {
-	if len(m) != len(want) {
-		return false
-	}
-	for _, b := range want {
-		if m[b.addr()] == 0 {
-			return false
-		}
-	}
-	return true
-}
-
-// waitSpread waits until the picks go to exactly want and returns how
-// long that took.
-func waitSpread(t *testing.T, cc *grpc.ClientConn, what string, bound time.Duration, want ...backend) time.Duration {
+// waitOnly waits until rounds of picks go to exactly want, within bound,
+// and returns how long that took.
+func waitOnly(t *testing.T, cc *grpc.ClientConn, what string, bound time.Duration, want ...*xdstest.Backend) time.Duration {
 	t.Helper()
 	start := time.Now()
-	wait.ForState(t, what, bound, func() (bool, string) {
-		m := spread(cc, 4*len(want))
-		return only(m, want...), show(m)
-	})
-	return time.Since(start)
+	got := xdstest.WaitSpread(t, cc, xdstest.Only(want...), bound)
+	d := time.Since(start)
+	t.Logf("%s: %v, last round %s", what, d.Round(time.Millisecond), xdstest.Format(got))
+	return d
 }
 
 type mesh struct {
@@ -208,36 +134,47 @@ func drain(t *testing.T, c registrarv1.RegistrarClient, e *registryv1.ServiceEnd
 func TestXDSClientFollowsTheRegistry(t *testing.T) {
 	t.Parallel()
 	m := startMesh(t)
-	a, b, c, d := startBackend(t, "127.0.0.11"), startBackend(t, "127.0.0.12"), startBackend(t, "127.0.0.13"), startBackend(t, "127.0.0.14")
-	for _, x := range []backend{a, b, c} {
-		register(t, m.r1, x.endpoint("web", "z1"))
+	bs := backends(t, "127.0.0.11", "127.0.0.12", "127.0.0.13", "127.0.0.14")
+	a, b, c, d := bs[0], bs[1], bs[2], bs[3]
+	for _, x := range []*xdstest.Backend{a, b, c} {
+		register(t, m.r1, endpoint(x, "web", "z1"))
 	}
 	cc := xdsClient(t, m.xds, "web", "client-1", "r1", "z1")
-	first := waitSpread(t, cc, "traffic on every serving endpoint", 10*time.Second, a, b, c)
+	first := waitOnly(t, cc, "traffic on every serving endpoint", 10*time.Second, a, b, c)
 	t.Logf("first RPCs on all three endpoints after %v (connect, LDS, RDS, CDS, EDS)", first)
 
-	// Round robin within the locality: each of the three gets a third.
-	counts := spread(cc, 300)
-	for _, x := range []backend{a, b, c} {
-		if n := counts[x.addr()]; n < 80 || n > 120 {
-			t.Errorf("%s got %d of 300 RPCs, want about 100: %s", x.addr(), n, show(counts))
+	// Equal weights: each of the three gets a third, ±20%. Each endpoint
+	// is a locality of its own (translate.go), and grpc-go's
+	// weighted_target picks a locality at random by weight for every RPC,
+	// so a backend's count is binomial (n, 1/3), not round robin's exact
+	// cycle: over 1200 RPCs its standard deviation is sqrt(1200*2/9) =
+	// 16.3, and 400±80 is 4.9 sigma.
+	const n, third, tol = 1200, 400, 80
+	counts := xdstest.Spread(t, cc, n)
+	t.Logf("equal weights: %s over %d RPCs, want %d±%d each", xdstest.Format(counts), n, third, tol)
+	for _, x := range []*xdstest.Backend{a, b, c} {
+		if k := counts[x.Addr]; k < third-tol || k > third+tol {
+			t.Errorf("%s got %d of %d RPCs, want %d±%d: %s", x.Addr, k, n, third, tol, xdstest.Format(counts))
 		}
 	}
 
-	at := register(t, m.r1, d.endpoint("web", "z1"))
-	waitSpread(t, cc, "the registered endpoint to get traffic", localBound, a, b, c, d)
+	at := register(t, m.r1, endpoint(d, "web", "z1"))
+	waitOnly(t, cc, "the registered endpoint to get traffic", localBound, a, b, c, d)
 	t.Logf("register → traffic on the new endpoint: %v (bound %v)", time.Since(at), localBound)
 
-	at = deregister(t, m.r1, d.endpoint("web", "z1"))
-	waitSpread(t, cc, "the deregistered endpoint to get no traffic", localBound, a, b, c)
+	at = deregister(t, m.r1, endpoint(d, "web", "z1"))
+	waitOnly(t, cc, "the deregistered endpoint to get no traffic", localBound, a, b, c)
 	t.Logf("deregister → no traffic on it: %v (bound %v)", time.Since(at), localBound)
 
-	drain(t, m.r1, c.endpoint("web", "z1"))
+	drain(t, m.r1, endpoint(c, "web", "z1"))
 	at = time.Now()
-	waitSpread(t, cc, "the draining endpoint to get no traffic", localBound, a, b)
+	waitOnly(t, cc, "the draining endpoint to get no traffic", localBound, a, b)
 	t.Logf("drain → no new RPCs on it: %v (bound %v)", time.Since(at), localBound)
-	if counts := spread(cc, 200); counts[c.addr()] != 0 || counts["error"] != 0 {
-		t.Errorf("after the drain took effect: %s, want nothing on %s", show(counts), c.addr())
+	// Spread fails the test on any failed RPC; the backend's own count
+	// is checked beside the responses.
+	before := c.Served()
+	if counts := xdstest.Spread(t, cc, 200); counts[c.Addr] != 0 || c.Served() != before {
+		t.Errorf("after the drain took effect: %s (%s served %d), want nothing on %s", xdstest.Format(counts), c.Addr, c.Served()-before, c.Addr)
 	}
 }
 
@@ -247,41 +184,42 @@ func TestXDSClientFollowsTheRegistry(t *testing.T) {
 func TestXDSLocalityFailover(t *testing.T) {
 	t.Parallel()
 	m := startMesh(t)
-	zone, region, other := startBackend(t, "127.0.0.21"), startBackend(t, "127.0.0.22"), startBackend(t, "127.0.0.23")
-	register(t, m.r1, zone.endpoint("api", "z1"))
-	register(t, m.r1, region.endpoint("api", "z2"))
-	register(t, m.r2, other.endpoint("api", "z1")) // r2's zone z1 is not r1's
+	bs := backends(t, "127.0.0.21", "127.0.0.22", "127.0.0.23")
+	zone, region, other := bs[0], bs[1], bs[2]
+	register(t, m.r1, endpoint(zone, "api", "z1"))
+	register(t, m.r1, endpoint(region, "api", "z2"))
+	register(t, m.r2, endpoint(other, "api", "z1")) // r2's zone z1 is not r1's
 
 	// A client in r2 proves r2's endpoint reached r1 (it is that client's
 	// zone) before the r1 client's picks are judged.
 	far := xdsClient(t, m.xds, "api", "client-r2", "r2", "z1")
-	waitSpread(t, far, "the r2 client to use its own zone", 10*time.Second, other)
+	waitOnly(t, far, "the r2 client to use its own zone", 10*time.Second, other)
 
 	// A client that sends no locality is served as the registrar's own
 	// (r1/z1).
 	anon := xdsClient(t, m.xds, "api", "client-anon", "", "")
-	waitSpread(t, anon, "a client without locality in the registrar's zone", 10*time.Second, zone)
+	waitOnly(t, anon, "a client without locality in the registrar's zone", 10*time.Second, zone)
 
 	cc := xdsClient(t, m.xds, "api", "client-r1", "r1", "z1")
-	waitSpread(t, cc, "traffic in the client's zone", 10*time.Second, zone)
-	if counts := spread(cc, 100); !only(counts, zone) {
-		t.Fatalf("with an endpoint in the zone: %s, want all on %s", show(counts), zone.addr())
+	waitOnly(t, cc, "traffic in the client's zone", 10*time.Second, zone)
+	if counts := xdstest.Spread(t, cc, 100); !xdstest.Only(zone)(counts) {
+		t.Fatalf("with an endpoint in the zone: %s, want all on %s", xdstest.Format(counts), zone.Addr)
 	}
 
-	at := deregister(t, m.r1, zone.endpoint("api", "z1"))
-	waitSpread(t, cc, "failover to the region", localBound, region)
+	at := deregister(t, m.r1, endpoint(zone, "api", "z1"))
+	waitOnly(t, cc, "failover to the region", localBound, region)
 	t.Logf("zone gone → traffic in the region: %v (bound %v)", time.Since(at), localBound)
-	if counts := spread(cc, 100); !only(counts, region) {
-		t.Fatalf("with an endpoint in the region: %s, want all on %s", show(counts), region.addr())
+	if counts := xdstest.Spread(t, cc, 100); !xdstest.Only(region)(counts) {
+		t.Fatalf("with an endpoint in the region: %s, want all on %s", xdstest.Format(counts), region.Addr)
 	}
 
-	at = deregister(t, m.r1, region.endpoint("api", "z2"))
-	waitSpread(t, cc, "failover to the other region", localBound, other)
+	at = deregister(t, m.r1, endpoint(region, "api", "z2"))
+	waitOnly(t, cc, "failover to the other region", localBound, other)
 	t.Logf("region gone → traffic in the other region: %v (bound %v)", time.Since(at), localBound)
 
 	// And back: an endpoint in the zone again takes all the traffic.
-	at = register(t, m.r1, zone.endpoint("api", "z1"))
-	waitSpread(t, cc, "traffic back in the zone", localBound, zone)
+	at = register(t, m.r1, endpoint(zone, "api", "z1"))
+	waitOnly(t, cc, "traffic back in the zone", localBound, zone)
 	t.Logf("zone back → traffic in the zone: %v (bound %v)", time.Since(at), localBound)
 }
 
@@ -290,13 +228,60 @@ func TestXDSLocalityFailover(t *testing.T) {
 func TestXDSRemoteRegistration(t *testing.T) {
 	t.Parallel()
 	m := startMesh(t)
-	local, remote := startBackend(t, "127.0.0.31"), startBackend(t, "127.0.0.32")
-	register(t, m.r1, local.endpoint("db", "z1"))
+	bs := backends(t, "127.0.0.31", "127.0.0.32")
+	local, remote := bs[0], bs[1]
+	register(t, m.r1, endpoint(local, "db", "z1"))
 	cc := xdsClient(t, m.xds, "db", "client-r2", "r2", "z1")
-	waitSpread(t, cc, "traffic on r1's endpoint (failover tier for an r2 client)", 10*time.Second, local)
-	at := register(t, m.r2, remote.endpoint("db", "z1"))
-	waitSpread(t, cc, "traffic on r2's endpoint, the client's own zone", remoteBound, remote)
+	waitOnly(t, cc, "traffic on r1's endpoint (failover tier for an r2 client)", 10*time.Second, local)
+	at := register(t, m.r2, endpoint(remote, "db", "z1"))
+	waitOnly(t, cc, "traffic on r2's endpoint, the client's own zone", remoteBound, remote)
 	t.Logf("register on r2 → traffic through r1's xDS: %v (bound %v)", time.Since(at), remoteBound)
+}
+
+// TestXDSWeights: two endpoints of one zone registered with weights 3
+// and 1 through the registrar split a real client's traffic 3:1. The
+// mapping that makes grpc-go honour it is translate.go's (each endpoint a
+// sub-zone locality weighted by its weight; ROUND_ROBIN ignores endpoint
+// weights). weighted_target picks at random by weight for every RPC, so
+// the heavy backend's count over n RPCs is binomial (n, 3/4): over 400
+// RPCs mean 300, standard deviation sqrt(400*3/4*1/4) = 8.66, and 300±39
+// is 4.5 sigma (a false failure about once in 150,000 runs). An even
+// split, the weights ignored (mean 200, sigma 10), passes only 6 sigma
+// above its mean.
+func TestXDSWeights(t *testing.T) {
+	t.Parallel()
+	m := startMesh(t)
+	bs := backends(t, "127.0.0.81", "127.0.0.82")
+	heavy, light := bs[0], bs[1]
+	h, l := endpoint(heavy, "pay", "z1"), endpoint(light, "pay", "z1")
+	h.Weight, l.Weight = 3, 1
+	register(t, m.r1, h)
+	register(t, m.r1, l)
+	cc := xdsClient(t, m.xds, "pay", "client-weights", "r1", "z1")
+	waitOnly(t, cc, "traffic on both weighted endpoints", 10*time.Second, heavy, light)
+
+	const n, p = 400, 0.75
+	sigma := math.Sqrt(n * p * (1 - p))
+	want, tol := int(n*p), int(math.Ceil(4.5*sigma))
+	// One measurement, taken once both endpoints have served: the config
+	// does not change during it, so there is no first round to discard.
+	got := xdstest.Spread(t, cc, n)
+	k := got[heavy.Addr]
+	t.Logf("weights 3:1: %s over %d RPCs; heavy %d, want %d±%d (4.5 sigma, sigma %.2f)", xdstest.Format(got), n, k, want, tol, sigma)
+	if k < want-tol || k > want+tol || k+got[light.Addr] != n {
+		t.Errorf("weights 3:1: %s, want %s %d±%d of %d and the rest on %s", xdstest.Format(got), heavy.Addr, want, tol, n, light.Addr)
+	}
+
+	// A weight change re-weighs without re-registering the address: 1:1.
+	h.Weight = 1
+	at := register(t, m.r1, h)
+	wait.ForState(t, "an even split after the weight change", localBound, func() (bool, string) {
+		got := xdstest.Spread(t, cc, n)
+		k := got[heavy.Addr]
+		// Even: mean 200, sigma 10, 200±45; 3:1 is 10 sigma away.
+		return k >= 155 && k <= 245, xdstest.Format(got)
+	})
+	t.Logf("weight 3 → 1: even split after %v (bound %v)", time.Since(at), localBound)
 }
 
 // TestXDSClientOverMTLS: grpc-go's xDS client with the bootstrap's "tls"
@@ -311,13 +296,162 @@ func TestXDSClientOverMTLS(t *testing.T) {
 		Options:     registrar.Options{ClusterName: "c1", Region: "r1", Zone: "z1"},
 		TLSCertFile: m.ServerCert, TLSKeyFile: m.ServerKey, TLSClientCAFile: m.CA, TrustDomain: "example.org",
 	})
-	a := startBackend(t, "127.0.0.61")
-	if _, _, err := s.Registrar().Register(a.endpoint("web", "z1")); err != nil {
+	a := backends(t, "127.0.0.61")[0]
+	if _, _, err := s.Registrar().Register(endpoint(a, "web", "z1")); err != nil {
 		t.Fatal(err)
 	}
 	node := m.Certs["node-node-a"]
-	creds := fmt.Sprintf(`{"type": "tls", "config": {"ca_certificate_file": %q, "certificate_file": %q, "private_key_file": %q}}`, m.CA, node[0], node[1])
 	addr := strings.Replace(s.XDSAddr(), "127.0.0.1", "localhost", 1) // the certificate's name
-	cc := xdsClientWith(t, addr, creds, "web", "client-tls", "r1", "z1")
-	waitSpread(t, cc, "traffic through an xDS client on mTLS", 10*time.Second, a)
+	bs, err := bootstrap.JSON(bootstrap.Config{Server: addr, Node: "client-tls", Region: "r1", Zone: "z1",
+		CAFile: m.CA, CertFile: node[0], KeyFile: node[1]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := xdstest.Client(t, "web", bs)
+	waitOnly(t, cc, "traffic through an xDS client on mTLS", 10*time.Second, a)
+}
+
+// TestXDSSotwADSReferencesResolve is the ordering a state-of-the-world
+// ADS client gets, on a raw stream that asks in grpc-go's order (each
+// name read from the resource before it: Listener → RouteConfiguration →
+// Cluster → ClusterLoadAssignment).
+//
+// What holds, and why: every snapshot the feed sets holds a target's four
+// resources together, so each name a response carries is answered at
+// once from the same snapshot (a Cluster's endpoints are there the moment
+// the client asks for them); a stable target's Listener, route and
+// Cluster never change (they are functions of its name), so an endpoint
+// change pushes the CLA alone and nothing can reorder under a client; a
+// change of the target set re-sends Listener, route and Cluster unchanged;
+// and a target goes as a whole. What does not hold: the wire order of the
+// types within one change. go-control-plane v0.14.0 orders it only with
+// an ADS-mode SnapshotCache (NewSnapshotCache(true, ...): it answers the
+// watches of a SetSnapshot sorted CDS, EDS, LDS, RDS) plus
+// sotw.WithOrderedADS() (one FIFO channel for all types); the ADS-mode
+// cache also answers a request only if it names every resource of its
+// type in the snapshot, which no client of one target among many does
+// (feed.go), so neither is usable here. The order is logged, not
+// asserted.
+func TestXDSSotwADSReferencesResolve(t *testing.T) {
+	t.Parallel()
+	srv := startOne(t, nil)
+	c := regtest.Dial(t, srv.GRPCAddr())
+	bs := backends(t, "127.0.0.91", "127.0.0.92", "127.0.0.93")
+	register(t, c, endpoint(bs[0], "web", "z1"))
+
+	cc := dialXDS(t, srv.XDSAddr())
+	defer cc.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := discoverygrpc.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resps := received(t, stream.Recv)
+	node := &corev3.Node{Id: "ads-order", Locality: &corev3.Locality{Region: "r1", Zone: "z1"}}
+	names := map[string][]string{}
+	last := map[string]*discoverygrpc.DiscoveryResponse{}
+	// ask subscribes typ to ns, ACKing the last response of typ.
+	ask := func(typ string, ns ...string) {
+		t.Helper()
+		names[typ] = ns
+		req := &discoverygrpc.DiscoveryRequest{Node: node, TypeUrl: typ, ResourceNames: ns}
+		if r := last[typ]; r != nil {
+			req.VersionInfo, req.ResponseNonce = r.GetVersionInfo(), r.GetNonce()
+		}
+		if err := stream.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// recv takes the next response, ACKs it, and returns it.
+	recv := func(what string) *discoverygrpc.DiscoveryResponse {
+		t.Helper()
+		r := next(t, resps, what)
+		last[r.GetTypeUrl()] = r
+		ask(r.GetTypeUrl(), names[r.GetTypeUrl()]...)
+		return r
+	}
+	one := func(r *discoverygrpc.DiscoveryResponse, typ string, m proto.Message) {
+		t.Helper()
+		if r.GetTypeUrl() != typ || len(r.GetResources()) != 1 {
+			t.Fatalf("want one %s, got %s with %d resources", typ, r.GetTypeUrl(), len(r.GetResources()))
+		}
+		if err := r.GetResources()[0].UnmarshalTo(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The chain, each name from the resource before.
+	ask(resourcev3.ListenerType, "web")
+	// The feed applies the registration asynchronously: until it has, web
+	// does not exist (an LDS answer without it), and the next snapshot
+	// brings it.
+	r := recv("LDS web")
+	for len(r.GetResources()) == 0 {
+		r = recv("LDS web, once the feed has it")
+	}
+	var lis listenerv3.Listener
+	one(r, resourcev3.ListenerType, &lis)
+	var hcm hcmv3.HttpConnectionManager
+	if err := lis.GetApiListener().GetApiListener().UnmarshalTo(&hcm); err != nil {
+		t.Fatal(err)
+	}
+	ask(resourcev3.RouteType, hcm.GetRds().GetRouteConfigName())
+	var rc routev3.RouteConfiguration
+	one(recv("RDS of the listener"), resourcev3.RouteType, &rc)
+	ask(resourcev3.ClusterType, rc.GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetCluster())
+	var cl clusterv3.Cluster
+	one(recv("CDS of the route"), resourcev3.ClusterType, &cl)
+	ask(resourcev3.EndpointType, cl.GetEdsClusterConfig().GetServiceName())
+	var cla endpointv3.ClusterLoadAssignment
+	one(recv("EDS of the cluster"), resourcev3.EndpointType, &cla)
+	if n := len(cla.GetEndpoints()); n != 1 {
+		t.Fatalf("web's CLA: %d localities, want 1", n)
+	}
+	held := map[string]proto.Message{resourcev3.ListenerType: &lis, resourcev3.RouteType: &rc, resourcev3.ClusterType: &cl}
+
+	// An endpoint change: the CLA alone is pushed.
+	register(t, c, endpoint(bs[1], "web", "z1"))
+	one(recv("EDS after a registration"), resourcev3.EndpointType, &cla)
+	if n := len(cla.GetEndpoints()); n != 2 {
+		t.Fatalf("web's CLA after a registration: %d localities, want 2", n)
+	}
+	select {
+	case r := <-resps:
+		t.Fatalf("an endpoint change of a stable target pushed %s too", r.GetTypeUrl())
+	case <-time.After(500 * time.Millisecond):
+	}
+
+	// Another service: the target set changes, and web's Listener, route
+	// and Cluster come again, unchanged, with its CLA.
+	register(t, c, endpoint(bs[2], "api", "z1"))
+	var order []string
+	for seen := map[string]bool{}; len(seen) < 4; {
+		r := recv("the re-sends after a new target")
+		seen[r.GetTypeUrl()] = true
+		order = append(order, strings.TrimPrefix(r.GetTypeUrl(), "type.googleapis.com/envoy.config."))
+		if m := held[r.GetTypeUrl()]; m != nil {
+			got := m.ProtoReflect().New().Interface()
+			one(r, r.GetTypeUrl(), got)
+			if !proto.Equal(got, m) {
+				t.Errorf("%s changed with another target's arrival", r.GetTypeUrl())
+			}
+		}
+	}
+	t.Logf("a new target: re-sent in the order %v", order)
+
+	// web's last endpoints go: every type answers without web.
+	deregister(t, c, endpoint(bs[0], "web", "z1"))
+	one(recv("EDS after a deregistration"), resourcev3.EndpointType, &cla)
+	deregister(t, c, endpoint(bs[1], "web", "z1"))
+	order = nil
+	for seen := map[string]bool{}; len(seen) < 4; {
+		r := recv("the removals of web")
+		if len(r.GetResources()) != 0 {
+			t.Fatalf("%s still carries %d resources after web's target went", r.GetTypeUrl(), len(r.GetResources()))
+		}
+		seen[r.GetTypeUrl()] = true
+		order = append(order, strings.TrimPrefix(r.GetTypeUrl(), "type.googleapis.com/envoy.config."))
+	}
+	t.Logf("a target gone: removed in the order %v", order)
 }

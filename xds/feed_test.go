@@ -194,7 +194,7 @@ func TestFeedAppliesChunkedSnapshotsAndRemovals(t *testing.T) {
 		Endpoints: []*registryv1.ServiceEndpoint{ep("web", "10.0.0.1", "r1", "z1")}})
 	sub.push(&registrarv1.EndpointEvent{Type: registrarv1.EndpointEvent_FULL_SNAPSHOT, Version: "E2:5",
 		Endpoints: []*registryv1.ServiceEndpoint{ep("web", "10.0.0.2", "r1", "z1"), ep("api", "10.0.0.3", "r1", "z1")}})
-	want := map[string]string{"web": "10.0.0.1,10.0.0.2@p0", "api": "10.0.0.3@p0"}
+	want := map[string]string{"web": "10.0.0.1@p0 10.0.0.2@p0", "api": "10.0.0.3@p0"}
 	wait.ForState(t, "both chunks, and old gone", 5*time.Second, func() (bool, string) {
 		e, _, _ := held(t, f, own)
 		return len(e) == 2 && e["web"] == want["web"] && e["api"] == want["api"], strings.Join(slices.Sorted(func(yield func(string) bool) {

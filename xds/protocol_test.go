@@ -119,10 +119,11 @@ func TestDeltaADSSubscribesAndUnsubscribes(t *testing.T) {
 	t.Parallel()
 	srv := startOne(t, nil)
 	c := regtest.Dial(t, srv.GRPCAddr())
-	a, b, cc2, d := startBackend(t, "127.0.0.41"), startBackend(t, "127.0.0.42"), startBackend(t, "127.0.0.43"), startBackend(t, "127.0.0.44")
-	register(t, c, a.endpoint("web", "z1"))
-	register(t, c, b.endpoint("api", "z1"))
-	register(t, c, startBackend(t, "127.0.0.45").endpoint("db", "z1"))
+	bs := backends(t, "127.0.0.41", "127.0.0.42", "127.0.0.43", "127.0.0.44", "127.0.0.45")
+	a, b, cc2, d := bs[0], bs[1], bs[2], bs[3]
+	register(t, c, endpoint(a, "web", "z1"))
+	register(t, c, endpoint(b, "api", "z1"))
+	register(t, c, endpoint(bs[4], "db", "z1"))
 
 	cc := dialXDS(t, srv.XDSAddr())
 	defer cc.Close()
@@ -152,17 +153,17 @@ func TestDeltaADSSubscribesAndUnsubscribes(t *testing.T) {
 	if got := deltaNames(r); !slices.Equal(got, []string{"web"}) {
 		t.Fatalf("subscribed to web, got %q", got)
 	}
-	if got := lbAddrs(t, r.GetResources()[0]); !slices.Equal(got, []string{a.ip}) {
-		t.Fatalf("web's endpoints: %q, want %s", got, a.ip)
+	if got := lbAddrs(t, r.GetResources()[0]); !slices.Equal(got, []string{a.Host()}) {
+		t.Fatalf("web's endpoints: %q, want %s", got, a.Host())
 	}
 	ack(r)
 
-	register(t, c, cc2.endpoint("web", "z1"))
+	register(t, c, endpoint(cc2, "web", "z1"))
 	r = next(t, resps, "web updated")
 	if got := deltaNames(r); !slices.Equal(got, []string{"web"}) {
 		t.Fatalf("after web changed, got %q", got)
 	}
-	if got := lbAddrs(t, r.GetResources()[0]); !slices.Equal(got, []string{a.ip, cc2.ip}) {
+	if got := lbAddrs(t, r.GetResources()[0]); !slices.Equal(got, []string{a.Host(), cc2.Host()}) {
 		t.Fatalf("web's endpoints: %q", got)
 	}
 	ack(r)
@@ -183,15 +184,15 @@ func TestDeltaADSSubscribesAndUnsubscribes(t *testing.T) {
 		t.Fatalf("subscribed to db, got %q", got)
 	}
 	ack(r)
-	register(t, c, d.endpoint("web", "z1")) // not to be sent: unsubscribed
-	drain(t, c, b.endpoint("api", "z1"))
+	register(t, c, endpoint(d, "web", "z1")) // not to be sent: unsubscribed
+	drain(t, c, endpoint(b, "api", "z1"))
 	r = next(t, resps, "api drained")
 	if got := deltaNames(r); !slices.Equal(got, []string{"api"}) {
 		t.Fatalf("after unsubscribing web, got %q, want api alone", got)
 	}
 	ack(r)
 
-	deregister(t, c, b.endpoint("api", "z1"))
+	deregister(t, c, endpoint(b, "api", "z1"))
 	r = next(t, resps, "api gone")
 	if len(r.GetResources()) != 0 || !slices.Equal(r.GetRemovedResources(), []string{"api"}) {
 		t.Fatalf("after api's last endpoint went: resources %q, removed %q; want api removed", deltaNames(r), r.GetRemovedResources())
@@ -206,8 +207,8 @@ func TestSotwPerTypeServiceAndNACK(t *testing.T) {
 	var log logbuf.Buffer
 	srv := startOne(t, &log)
 	c := regtest.Dial(t, srv.GRPCAddr())
-	register(t, c, startBackend(t, "127.0.0.51").endpoint("web", "z1"))
-	register(t, c, startBackend(t, "127.0.0.52").endpoint("api", "z1"))
+	register(t, c, endpoint(backends(t, "127.0.0.51")[0], "web", "z1"))
+	register(t, c, endpoint(backends(t, "127.0.0.52")[0], "api", "z1"))
 
 	cc := dialXDS(t, srv.XDSAddr())
 	defer cc.Close()

@@ -20,7 +20,9 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -202,9 +204,10 @@ func RouteConfig(name string) *routev3.RouteConfiguration {
 	}
 }
 
-// Cluster is a target's cluster: its endpoints from EDS over ADS, spread
-// round robin (within a locality; grpc-go weighs localities by their
-// load-balancing weight).
+// Cluster is a target's cluster: its endpoints from EDS over ADS,
+// ROUND_ROBIN, which grpc-go runs as a weighted pick among the localities
+// of a priority and round robin within one; LoadAssignment gives each
+// endpoint a locality of its own so that the pick is by endpoint weight.
 func Cluster(name string) *clusterv3.Cluster {
 	return &clusterv3.Cluster{
 		Name:                 name,
@@ -217,67 +220,73 @@ func Cluster(name string) *clusterv3.Cluster {
 	}
 }
 
-// LoadAssignment is a target's endpoints for a consumer at consumer,
-// grouped by locality (region, zone).
+// LoadAssignment is a target's endpoints for a consumer at consumer: one
+// locality per endpoint, its sub-zone the endpoint's address, under the
+// endpoint's own region and zone.
 //
-// Priorities: each locality's tier is registry.Priority for the consumer
-// (same zone, same region, other region: 0, 1, 2; a consumer with no
-// zone has its whole region as tier 0). The tiers that hold at least one
-// SERVING endpoint are then numbered 0, 1, ... in that order, because
-// grpc-go refuses priorities with gaps ("priority N missing"): with no
-// endpoint in the consumer's zone, its region is priority 0. Localities
-// whose endpoints are all DRAINING take the priority after the last
-// serving one, whatever their tier: they are sent so that a client sees
-// them draining, but a priority that can take no request must not stand
-// before one that can (grpc-go would fail over past it only once it had
-// seen it fail).
+// Weights: why one locality per endpoint. A Cluster's ROUND_ROBIN is, in
+// grpc-go's xDS client (A52), xds_wrr_locality: a weighted_target over
+// the localities of a priority, picking a locality at random in
+// proportion to its load_balancing_weight, then round_robin over that
+// locality's endpoints, and round_robin ignores endpoint weights (parsed,
+// never used). So an endpoint weight counts only as the weight of a
+// locality holding that endpoint alone: its locality carries weight =
+// the endpoint's weight, and grpc-go splits traffic between the endpoints
+// of a priority in proportion to their weights (internal/testutil/xdstest
+// TestWeights proves it; the e2e TestXDSWeights through a registrar).
+// Region and zone stay the endpoint's, so the priorities below are those
+// of its zone; sub_zone is IP:port, unique within a target (Targets sends
+// each address once), as grpc-go refuses two localities of one priority
+// with the same ID ("duplicate locality"). Every endpoint also carries
+// its weight as its own load_balancing_weight: Envoy's default (no
+// locality_weighted_lb_config) ignores locality weights and weighs hosts
+// by it, and grpc-go's RING_HASH and weighted policies read it. The
+// alternatives were worse: RING_HASH weighs endpoints too, but with no
+// hash policy it is a random pick on a ring of finite resolution that
+// connects to an endpoint only when a pick first lands on it, and WRR
+// (client_side_weighted_round_robin) weighs by the load reports (ORCA)
+// backends would have to send, not by the registry's weight.
+// Every locality has a weight of at least 1, since grpc-go drops one
+// without ("Ignoring locality with weight 0") and Validate refuses 0; a
+// weight of 0 in the registry is sent as 1 (Targets).
 //
-// Weights: every locality carries a load-balancing weight, the sum of
-// its SERVING endpoints' weights (at least 1), because grpc-go ignores a
-// locality without one; every endpoint carries its own weight. SERVING is
-// HEALTHY, DRAINING is DRAINING, which grpc-go and Envoy send no new
-// requests to.
+// Priorities: each endpoint's tier is registry.Priority of its zone for
+// the consumer (same zone, same region, other region: 0, 1, 2; a
+// consumer with no zone has its whole region as tier 0). The tiers that
+// hold at least one SERVING endpoint are then numbered 0, 1, ... in that
+// order, because grpc-go refuses priorities with gaps ("priority N
+// missing"): with no endpoint in the consumer's zone, its region is
+// priority 0. A DRAINING endpoint keeps its zone's priority while the
+// zone has a SERVING endpoint; the endpoints of zones that are all
+// DRAINING take the priority after the last serving one, whatever their
+// tier: they are sent so that a client sees them draining, but a
+// priority that can take no request must not stand before one that can
+// (grpc-go would fail over past it only once it had seen it fail).
+//
+// Health: SERVING is HEALTHY, DRAINING is DRAINING, which grpc-go and
+// Envoy send no new requests to (grpc-go drops it from the locality, so a
+// draining endpoint's locality is left empty and weighted_target has no
+// child for it: its weight takes no share of the traffic).
 func LoadAssignment(t Target, consumer Locality) *endpointv3.ClusterLoadAssignment {
-	type group struct {
-		loc     Locality
+	type zone struct {
 		tier    int
 		serving bool
-		weight  uint64
-		eps     []*endpointv3.LbEndpoint
 	}
-	var groups []*group
-	byLoc := map[Locality]*group{}
+	zones := map[Locality]*zone{}
 	for _, e := range t.Endpoints {
-		g := byLoc[e.Locality]
-		if g == nil {
+		z := zones[e.Locality]
+		if z == nil {
 			probe := &registryv1.ServiceEndpoint{Region: e.Locality.Region, Zone: e.Locality.Zone}
-			g = &group{loc: e.Locality, tier: registry.Priority(probe, consumer.Region, consumer.Zone)}
-			byLoc[e.Locality] = g
-			groups = append(groups, g)
+			z = &zone{tier: registry.Priority(probe, consumer.Region, consumer.Zone)}
+			zones[e.Locality] = z
 		}
-		health := corev3.HealthStatus_HEALTHY
-		if e.Draining {
-			health = corev3.HealthStatus_DRAINING
-		} else {
-			g.serving = true
-			g.weight += uint64(e.Weight)
-		}
-		g.eps = append(g.eps, &endpointv3.LbEndpoint{
-			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-					Address:       e.IP,
-					PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: e.Port},
-				}}},
-			}},
-			HealthStatus:        health,
-			LoadBalancingWeight: wrapperspb.UInt32(e.Weight),
-		})
+		z.serving = z.serving || !e.Draining
 	}
-	// Number the serving tiers densely; all-draining localities go last.
+	// Number the serving tiers densely; all-draining zones go last.
 	rank := map[int]uint32{}
-	for _, g := range groups {
-		if g.serving {
-			rank[g.tier] = 0
+	for _, z := range zones {
+		if z.serving {
+			rank[z.tier] = 0
 		}
 	}
 	tiers := make([]int, 0, len(rank))
@@ -288,42 +297,44 @@ func LoadAssignment(t Target, consumer Locality) *endpointv3.ClusterLoadAssignme
 	for i, tier := range tiers {
 		rank[tier] = uint32(i)
 	}
-	slices.SortFunc(groups, func(a, b *group) int {
-		return cmp.Or(
-			strings.Compare(a.loc.Region, b.loc.Region),
-			strings.Compare(a.loc.Zone, b.loc.Zone))
-	})
-	cla := &endpointv3.ClusterLoadAssignment{ClusterName: t.Name}
-	prioOf := func(g *group) uint32 {
-		if g.serving {
-			return rank[g.tier]
+	prioOf := func(e Endpoint) uint32 {
+		if z := zones[e.Locality]; z.serving {
+			return rank[z.tier]
 		}
 		return uint32(len(tiers))
 	}
 	// grpc-go refuses an assignment whose locality weights sum to more
-	// than 2^32-1 within a priority, and one whose endpoint weights do
-	// within a locality; either takes tens of thousands of endpoints at
-	// the largest weight, and is then scaled down (ratios kept, each at
-	// least 1) rather than refused by every client.
+	// than 2^32-1 within a priority; that takes tens of thousands of
+	// endpoints at the largest weight, and is then scaled down (ratios
+	// kept, each at least 1) rather than refused by every client. An
+	// endpoint's own weight is alone in its locality, so it always fits.
 	sums := map[uint32]uint64{}
-	for _, g := range groups {
-		sums[prioOf(g)] += max(g.weight, 1)
+	for _, e := range t.Endpoints {
+		sums[prioOf(e)] += uint64(e.Weight)
 	}
-	for _, g := range groups {
-		var epSum uint64
-		for _, e := range g.eps {
-			epSum += uint64(e.GetLoadBalancingWeight().GetValue())
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: t.Name}
+	for _, e := range t.Endpoints { // sorted by region, zone, address
+		health := corev3.HealthStatus_HEALTHY
+		if e.Draining {
+			health = corev3.HealthStatus_DRAINING
 		}
-		if epSum > math.MaxUint32 {
-			for _, e := range g.eps {
-				e.LoadBalancingWeight = wrapperspb.UInt32(scale(uint64(e.GetLoadBalancingWeight().GetValue()), epSum))
-			}
-		}
-		prio := prioOf(g)
+		prio := prioOf(e)
 		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
-			Locality:            &corev3.Locality{Region: g.loc.Region, Zone: g.loc.Zone},
-			LbEndpoints:         g.eps,
-			LoadBalancingWeight: wrapperspb.UInt32(scale(max(g.weight, 1), sums[prio])),
+			Locality: &corev3.Locality{
+				Region: e.Locality.Region, Zone: e.Locality.Zone,
+				SubZone: net.JoinHostPort(e.IP, strconv.FormatUint(uint64(e.Port), 10)),
+			},
+			LbEndpoints: []*endpointv3.LbEndpoint{{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+					Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+						Address:       e.IP,
+						PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: e.Port},
+					}}},
+				}},
+				HealthStatus:        health,
+				LoadBalancingWeight: wrapperspb.UInt32(e.Weight),
+			}},
+			LoadBalancingWeight: wrapperspb.UInt32(scale(uint64(e.Weight), sums[prio])),
 			Priority:            prio,
 		})
 	}

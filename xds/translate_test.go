@@ -3,6 +3,7 @@ package xds
 import (
 	"fmt"
 	"math"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -42,8 +43,10 @@ func weighted(e *registryv1.ServiceEndpoint, w uint32) *registryv1.ServiceEndpoi
 	return e
 }
 
-// claString renders a load assignment as "p<prio> region/zone w<weight>:
-// ip:port(H|D)w<weight> ...", one locality per line, for comparisons.
+// claString renders a load assignment as "p<prio> region/zone
+// w<locality weight>: ip:port(H|D)w<endpoint weight>", one locality per
+// line, for comparisons. The sub-zone is left out: checkShape checks that
+// it is the address of the locality's one endpoint.
 func claString(cla *endpointv3.ClusterLoadAssignment) string {
 	var b strings.Builder
 	for _, l := range cla.GetEndpoints() {
@@ -76,7 +79,8 @@ func TestLoadAssignmentPriorities(t *testing.T) {
 				ep("web", "10.0.1.1", "r1", "z2"), ep("web", "10.1.0.1", "r2", "z1"),
 			},
 			consumer: here,
-			want: "p0 r1/z1 w2: 10.0.0.1:8080Hw1 10.0.0.2:8080Hw1\n" +
+			want: "p0 r1/z1 w1: 10.0.0.1:8080Hw1\n" +
+				"p0 r1/z1 w1: 10.0.0.2:8080Hw1\n" +
 				"p1 r1/z2 w1: 10.0.1.1:8080Hw1\n" +
 				"p2 r2/z1 w1: 10.1.0.1:8080Hw1\n",
 		},
@@ -105,35 +109,59 @@ func TestLoadAssignmentPriorities(t *testing.T) {
 			want:     "p0 r1/z1 w1: 10.0.0.1:8080Hw1\np0 r1/z2 w1: 10.0.1.1:8080Hw1\np1 r2/z1 w1: 10.1.0.1:8080Hw1\n",
 		},
 		{
-			name: "draining endpoints are sent as DRAINING and weigh nothing",
+			name: "a draining endpoint is sent as DRAINING in its serving zone's priority",
 			eps: []*registryv1.ServiceEndpoint{
-				ep("web", "10.0.0.1", "r1", "z1"), draining(ep("web", "10.0.0.2", "r1", "z1")),
+				ep("web", "10.0.0.1", "r1", "z1"), draining(ep("web", "10.0.0.2", "r1", "z1")), ep("web", "10.0.1.1", "r1", "z2"),
 			},
 			consumer: here,
-			want:     "p0 r1/z1 w1: 10.0.0.1:8080Hw1 10.0.0.2:8080Dw1\n",
+			want:     "p0 r1/z1 w1: 10.0.0.1:8080Hw1\np0 r1/z1 w1: 10.0.0.2:8080Dw1\np1 r1/z2 w1: 10.0.1.1:8080Hw1\n",
 		},
 		{
 			name: "an all-draining zone goes after the serving tiers",
 			eps: []*registryv1.ServiceEndpoint{
-				draining(ep("web", "10.0.0.1", "r1", "z1")), ep("web", "10.0.1.1", "r1", "z2"), ep("web", "10.1.0.1", "r2", "z1"),
+				draining(ep("web", "10.0.0.1", "r1", "z1")), draining(ep("web", "10.0.0.2", "r1", "z1")),
+				ep("web", "10.0.1.1", "r1", "z2"), ep("web", "10.1.0.1", "r2", "z1"),
 			},
 			consumer: here,
-			want:     "p0 r1/z2 w1: 10.0.1.1:8080Hw1\np1 r2/z1 w1: 10.1.0.1:8080Hw1\np2 r1/z1 w1: 10.0.0.1:8080Dw1\n",
+			want: "p0 r1/z2 w1: 10.0.1.1:8080Hw1\np1 r2/z1 w1: 10.1.0.1:8080Hw1\n" +
+				"p2 r1/z1 w1: 10.0.0.1:8080Dw1\np2 r1/z1 w1: 10.0.0.2:8080Dw1\n",
 		},
 		{
-			name:     "everything draining: one priority 0, weight 1",
+			name:     "everything draining: one priority 0",
 			eps:      []*registryv1.ServiceEndpoint{draining(ep("web", "10.0.0.1", "r1", "z1")), draining(ep("web", "10.1.0.1", "r2", "z1"))},
 			consumer: here,
 			want:     "p0 r1/z1 w1: 10.0.0.1:8080Dw1\np0 r2/z1 w1: 10.1.0.1:8080Dw1\n",
 		},
 		{
-			name: "locality weight is the sum of its serving endpoints' weights",
+			name: "each endpoint's weight is its locality's weight (grpc-go honours those) and its own (Envoy's)",
 			eps: []*registryv1.ServiceEndpoint{
 				weighted(ep("web", "10.0.0.1", "r1", "z1"), 3), weighted(ep("web", "10.0.0.2", "r1", "z1"), 5),
 				weighted(draining(ep("web", "10.0.0.3", "r1", "z1")), 7), weighted(ep("web", "10.0.0.4", "r1", "z1"), 0),
+				weighted(ep("web", "10.0.1.1", "r1", "z2"), 2),
 			},
 			consumer: here,
-			want:     "p0 r1/z1 w9: 10.0.0.1:8080Hw3 10.0.0.2:8080Hw5 10.0.0.3:8080Dw7 10.0.0.4:8080Hw1\n",
+			want: "p0 r1/z1 w3: 10.0.0.1:8080Hw3\np0 r1/z1 w5: 10.0.0.2:8080Hw5\n" +
+				"p0 r1/z1 w7: 10.0.0.3:8080Dw7\np0 r1/z1 w1: 10.0.0.4:8080Hw1\n" +
+				"p1 r1/z2 w2: 10.0.1.1:8080Hw2\n",
+		},
+		{
+			name: "one address on two ports: two localities, each named by its address",
+			eps: []*registryv1.ServiceEndpoint{
+				ep("web", "10.0.0.1", "r1", "z1", "grpc=8080"),
+				func() *registryv1.ServiceEndpoint {
+					e := ep("web", "10.0.0.1", "r1", "z1", "grpc=8081")
+					e.Protocol = registryv1.Protocol_PROTOCOL_HTTP2
+					return e
+				}(),
+			},
+			consumer: here,
+			want:     "p0 r1/z1 w1: 10.0.0.1:8080Hw1\np0 r1/z1 w1: 10.0.0.1:8081Hw1\n",
+		},
+		{
+			name:     "IPv6: the sub-zone is [ip]:port",
+			eps:      []*registryv1.ServiceEndpoint{ep("web", "2001:db8::1", "r1", "z1")},
+			consumer: here,
+			want:     "p0 r1/z1 w1: 2001:db8::1:8080Hw1\n",
 		},
 		{
 			name: "the same address under two protocols is sent once, serving if either is",
@@ -158,20 +186,40 @@ func TestLoadAssignmentPriorities(t *testing.T) {
 			if err := cla.Validate(); err != nil {
 				t.Errorf("Validate: %v", err)
 			}
-			checkContiguous(t, cla)
+			checkShape(t, cla)
 		})
 	}
 }
 
-// checkContiguous is grpc-go's rule: priorities 0..n-1, none missing,
-// every locality weighted.
-func checkContiguous(t *testing.T, cla *endpointv3.ClusterLoadAssignment) {
+// checkShape is grpc-go's rules (priorities 0..n-1, none missing, every
+// locality weighted, no locality twice in a priority, no address twice)
+// and the mapping's: one endpoint per locality, its sub-zone the
+// endpoint's address, the locality's weight the endpoint's.
+func checkShape(t *testing.T, cla *endpointv3.ClusterLoadAssignment) {
 	t.Helper()
 	seen := map[uint32]bool{}
+	ids := map[string]bool{}
 	for _, l := range cla.GetEndpoints() {
 		seen[l.GetPriority()] = true
 		if l.GetLoadBalancingWeight().GetValue() == 0 {
 			t.Errorf("locality %v without weight", l.GetLocality())
+		}
+		if len(l.GetLbEndpoints()) != 1 {
+			t.Errorf("locality %v has %d endpoints, want 1", l.GetLocality(), len(l.GetLbEndpoints()))
+			continue
+		}
+		e := l.GetLbEndpoints()[0]
+		a := e.GetEndpoint().GetAddress().GetSocketAddress()
+		addr := net.JoinHostPort(a.GetAddress(), fmt.Sprint(a.GetPortValue()))
+		if l.GetLocality().GetSubZone() != addr {
+			t.Errorf("locality %v holds %s: sub-zone is not the address", l.GetLocality(), addr)
+		}
+		if ids[addr] {
+			t.Errorf("%s twice", addr)
+		}
+		ids[addr] = true
+		if l.GetLoadBalancingWeight().GetValue() != e.GetLoadBalancingWeight().GetValue() {
+			t.Errorf("locality %v weighs %d, its endpoint %d", l.GetLocality(), l.GetLoadBalancingWeight().GetValue(), e.GetLoadBalancingWeight().GetValue())
 		}
 	}
 	for p := range uint32(len(seen)) {
@@ -323,5 +371,38 @@ func TestScaleKeepsSumsWithinGRPCsLimit(t *testing.T) {
 	}
 	if sum > math.MaxUint32 || out[3] == 0 || out[0] != out[1] || out[0] < 2*out[2]-1 || out[0] > 2*out[2]+1 {
 		t.Errorf("scaled %v to %v (sum %d): want the sum within 2^32-1, the ratios kept, nothing 0", ws, out, sum)
+	}
+}
+
+// TestLoadAssignmentWeightsFitGRPCsLimit: endpoints whose weights sum to
+// more than 2^32-1 in one priority have their localities' weights scaled
+// so that grpc-go accepts the assignment ("sum of weights of localities
+// at the same priority exceeded maximal value" otherwise), ratios kept;
+// each endpoint's own weight, alone in its locality, is left as it is.
+func TestLoadAssignmentWeightsFitGRPCsLimit(t *testing.T) {
+	eps := []*registryv1.ServiceEndpoint{
+		weighted(ep("web", "10.0.0.1", "r1", "z1"), math.MaxUint32), weighted(ep("web", "10.0.0.2", "r1", "z1"), math.MaxUint32/2),
+		weighted(ep("web", "10.0.1.1", "r1", "z2"), math.MaxUint32),
+	}
+	cla := LoadAssignment(Targets("web", eps)[0], Locality{Region: "r1", Zone: "z1"})
+	if err := cla.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	sums := map[uint32]uint64{}
+	var w []uint32
+	for _, l := range cla.GetEndpoints() {
+		sums[l.GetPriority()] += uint64(l.GetLoadBalancingWeight().GetValue())
+		w = append(w, l.GetLoadBalancingWeight().GetValue())
+	}
+	if sums[0] > math.MaxUint32 || w[0] < 2*w[1]-1 || w[0] > 2*w[1]+1 {
+		t.Errorf("priority 0 locality weights %v (sum %d): want the sum within 2^32-1, 2:1 kept", w[:2], sums[0])
+	}
+	if w[2] != math.MaxUint32 {
+		t.Errorf("priority 1, alone: weight %d, want it unscaled", w[2])
+	}
+	for _, l := range cla.GetEndpoints() {
+		if e := l.GetLbEndpoints()[0]; e.GetLoadBalancingWeight().GetValue() < math.MaxUint32/2 {
+			t.Errorf("endpoint weight %d scaled", e.GetLoadBalancingWeight().GetValue())
+		}
 	}
 }

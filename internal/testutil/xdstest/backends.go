@@ -24,8 +24,9 @@ import (
 // server_id, so a client learns from each response which backend served it
 // without any side channel, and the backend counts what it served.
 type Backend struct {
-	// Addr is "127.0.0.1:port", the identity in every response and the
-	// address an EDS endpoint names it by.
+	// Addr is "127.0.0.1:port" (or the host StartBackendsAt was given),
+	// the identity in every response and the address an EDS endpoint
+	// names it by.
 	Addr string
 
 	srv    *grpc.Server
@@ -65,11 +66,25 @@ func (s testService) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testg
 // stopped on t.Cleanup.
 func StartBackends(t testing.TB, n int) []*Backend {
 	t.Helper()
-	bs := make([]*Backend, 0, n)
-	for range n {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
+	hosts := make([]string, n)
+	for i := range hosts {
+		hosts[i] = "127.0.0.1"
+	}
+	return StartBackendsAt(t, hosts...)
+}
+
+// StartBackendsAt starts one backend per host, each on host:0, stopped on
+// t.Cleanup. It is for control planes whose endpoint identity is the IP
+// alone (Aether's registry keys an endpoint by service, protocol and IP),
+// where backends sharing 127.0.0.1 would be one endpoint: each gets an IP
+// of its own in 127.0.0.0/8, all of which is loopback on Linux.
+func StartBackendsAt(t testing.TB, hosts ...string) []*Backend {
+	t.Helper()
+	bs := make([]*Backend, 0, len(hosts))
+	for _, host := range hosts {
+		lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
-			t.Fatalf("backend listen: %v", err)
+			t.Fatalf("backend listen on %s: %v", host, err)
 		}
 		b := &Backend{Addr: lis.Addr().String(), srv: grpc.NewServer()}
 		testgrpc.RegisterTestServiceServer(b.srv, testService{b: b})

@@ -32,6 +32,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	server "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -704,4 +705,27 @@ func TestWeightsRingHash(t *testing.T) {
 		return h >= want-tol && h <= want+tol && h+got[light.Addr] == n, xdstest.Format(got)
 	})
 	t.Logf("ring hash, endpoint weights 3:1: %s over %d RPCs", xdstest.Format(got), n)
+}
+
+// TestBackendsAt: StartBackendsAt binds each backend to the host it is
+// given, and each answers with that address, so a control plane keyed by
+// IP alone can tell them apart.
+func TestBackendsAt(t *testing.T) {
+	t.Parallel()
+	bs := xdstest.StartBackendsAt(t, "127.0.0.71", "127.0.0.72")
+	for i, want := range []string{"127.0.0.71", "127.0.0.72"} {
+		b := bs[i]
+		if b.Host() != want || b.Port() == 0 {
+			t.Fatalf("backend %d at %s, want %s:<port>", i, b.Addr, want)
+		}
+		cc, err := grpc.NewClient(b.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := xdstest.Spread(t, cc, 3)
+		cc.Close()
+		if got[b.Addr] != 3 || b.Served() != 3 {
+			t.Fatalf("direct RPCs to %s: responses %s, served %d", b.Addr, xdstest.Format(got), b.Served())
+		}
+	}
 }
