@@ -1,8 +1,11 @@
 package server_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -57,6 +60,30 @@ func TestXDSStatusEndpoint(t *testing.T) {
 	c := doc.Clients[0]
 	if c.Node != "status-node" || c.Variant != "sotw" || c.Service != "ads" || c.Locality == nil || c.Locality.Region != "r1" || c.Locality.Zone != "z1" {
 		t.Errorf("client %+v: want status-node, sotw over ads, in r1/z1", c)
+	}
+
+	// A change pushed to the waiting client is a push latency sample;
+	// the scrape with it passes promtool.
+	b2 := xdstest.StartBackends(t, 1)[0]
+	if _, _, err := s.Registrar().Register(&registryv1.ServiceEndpoint{Service: "api", Protocol: registryv1.Protocol_PROTOCOL_GRPC,
+		Ip: "127.0.0.2", Ports: []*registryv1.Port{{Name: "grpc", Port: b2.Port()}}, Zone: "z1"}); err != nil {
+		t.Fatal(err)
+	}
+	wait.For(t, "a push latency sample", 10*time.Second, func() bool {
+		_, page := regtest.Get(t, "http://"+s.HTTPAddr()+"/metrics")
+		return strings.Contains(page, `xds_push_latency_seconds_count{type="endpoint"}`)
+	})
+	tool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Fatalf("promtool not found (%v): install it, e.g. apt-get install -y prometheus", err)
+	}
+	_, page := regtest.Get(t, "http://"+s.HTTPAddr()+"/metrics")
+	cmd := exec.Command(tool, "check", "metrics")
+	cmd.Stdin = strings.NewReader(page)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil || out.Len() > 0 {
+		t.Errorf("promtool check metrics: %v\n%s", err, out.String())
 	}
 
 	plain := regtest.Start(t, server.Config{EtcdEndpoints: etcd.Endpoints(), Options: registrar.Options{ClusterName: "c1", Region: "r2"}})
