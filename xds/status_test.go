@@ -92,18 +92,14 @@ func injectPriorityGap(t *testing.T, f *Feed, loc Locality, to, other *xdstest.B
 	return version
 }
 
-// TestGRPCNACKHeldAndShownInStatus: a real grpc-go client NACKs an
-// invalid assignment; it keeps routing to the endpoints it had, the
-// rejected version is not pushed to it again (the NACK count stays at
-// one over a second, where go-control-plane alone re-sends it on every
-// NACK), Status says NACKED with grpc-go's error detail, and the next
-// real change brings the client back to SYNCED.
-func TestGRPCNACKHeldAndShownInStatus(t *testing.T) {
-	t.Parallel()
-	bs := xdstest.StartBackends(t, 2)
-	a, b := bs[0], bs[1]
-	own := Locality{Region: "r1", Zone: "z1"}
-	src := newScript(replica.Start{Snapshot: []*registryv1.ServiceEndpoint{backendEP(a)}, At: registry.Position{Epoch: "E1", Seq: 1}})
+// own is the locality of the scripted servers, and of their clients.
+var own = Locality{Region: "r1", Zone: "z1"}
+
+// serveScripted serves xDS on loopback from a scripted source that starts
+// with eps; the subscription is for pushing changes.
+func serveScripted(t *testing.T, eps ...*registryv1.ServiceEndpoint) (*Server, string, *scriptSub) {
+	t.Helper()
+	src := newScript(replica.Start{Snapshot: eps, At: registry.Position{Epoch: "E1", Seq: 1}})
 	s, err := New(Config{Source: src, Locality: own, Logger: quiet()})
 	if err != nil {
 		t.Fatal(err)
@@ -116,10 +112,54 @@ func TestGRPCNACKHeldAndShownInStatus(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- s.Serve(ctx, lis) }()
 	t.Cleanup(func() { cancel(); <-served })
-	sub := <-src.subs
+	return s, lis.Addr().String(), <-src.subs
+}
+
+// TestDeltaNACKIsNotResent: a delta NACK shows in the status and nothing
+// is sent again: go-control-plane's delta server counts what it sent,
+// NACKed or not, as the client's, so no hold is needed there.
+func TestDeltaNACKIsNotResent(t *testing.T) {
+	t.Parallel()
+	b := xdstest.StartBackends(t, 2)
+	s, addr, _ := serveScripted(t, backendEP(b[0]))
+	d := xdstest.DeltaProbe(t, addr, xdstest.Node("delta-nack", xdstest.Locality{Region: "r1", Zone: "z1"}))
+	d.Subscribe(resourcev3.EndpointType, "web")
+	d.Next(nackBound)
+	wait.ForState(t, "delta EDS SYNCED", nackBound, func() (bool, string) {
+		ts, _ := edsOf(s, "delta-nack")
+		return ts.State == Synced, string(ts.State)
+	})
+	rejected := injectPriorityGap(t, s.feed, own, b[1], b[0])
+	d.NextNACK(nackBound, "test: rejected")
+	var ts TypeStatus
+	wait.ForState(t, "delta EDS NACKED", nackBound, func() (bool, string) {
+		ts, _ = edsOf(s, "delta-nack")
+		return ts.State == NACKed, string(ts.State)
+	})
+	if ts.LastNACK == nil || ts.LastNACK.Version != rejected || ts.LastNACK.Detail != "test: rejected" {
+		t.Fatalf("delta NACK in the status: %+v", ts.LastNACK)
+	}
+	pushes := sample(t, s.m.pushes.WithLabelValues("endpoint")).GetCounter().GetValue()
+	time.Sleep(500 * time.Millisecond)
+	if n := sample(t, s.m.pushes.WithLabelValues("endpoint")).GetCounter().GetValue(); n != pushes {
+		t.Fatalf("EDS pushes went from %v to %v after the delta NACK; want none", pushes, n)
+	}
+}
+
+// TestGRPCNACKHeldAndShownInStatus: a real grpc-go client NACKs an
+// invalid assignment; it keeps routing to the endpoints it had, the
+// rejected version is not pushed to it again (the NACK count stays at
+// one over a second, where go-control-plane alone re-sends it on every
+// NACK), Status says NACKED with grpc-go's error detail, and the next
+// real change brings the client back to SYNCED.
+func TestGRPCNACKHeldAndShownInStatus(t *testing.T) {
+	t.Parallel()
+	bs := xdstest.StartBackends(t, 2)
+	a, b := bs[0], bs[1]
+	s, addr, sub := serveScripted(t, backendEP(a))
 
 	const node = "client-nack"
-	cc := xdstest.Client(t, "web", xdstest.Bootstrap(lis.Addr().String(), node, xdstest.Locality{Region: "r1", Zone: "z1"}))
+	cc := xdstest.Client(t, "web", xdstest.Bootstrap(addr, node, xdstest.Locality{Region: "r1", Zone: "z1"}))
 	xdstest.WaitSpread(t, cc, xdstest.Only(a), nackBound)
 	wait.ForState(t, "EDS SYNCED", nackBound, func() (bool, string) {
 		ts, _ := edsOf(s, node)
