@@ -157,3 +157,28 @@ func TestXDSStatusTableShowsNACKs(t *testing.T) {
 		}
 	}
 }
+
+// TestXDSStatusOverTLS: with --tls-cert the HTTP port, /xds/status
+// included, is TLS: --cacert reaches it, and without it the error says to
+// pass it.
+func TestXDSStatusOverTLS(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	mustRun(t, nil, "certs", "init", "--trust-domain", "example.org", "--out", dir)
+	mustRun(t, nil, "certs", "issue", "--dir", dir, "--server", "localhost")
+	ca := filepath.Join(dir, "ca.pem")
+	etcd := etcdtest.Start(t)
+	r := startRegistrar(t, etcd, func(o *server.Config) {
+		o.TLSCertFile, o.TLSKeyFile = filepath.Join(dir, "server-localhost.pem"), filepath.Join(dir, "server-localhost-key.pem")
+		o.XDSAddr = "127.0.0.1:0"
+	})
+	addr := strings.Replace(r.srv.HTTPAddr(), "127.0.0.1", "localhost", 1) // the certificate's name
+	res := runCLI(t, nil, map[string]string{"AETHER_CACERT": ca}, "xds", "status", "--http-addr", addr)
+	if res.err != nil || !strings.HasPrefix(res.stdout, "NODE") || !strings.Contains(res.stderr, "no xDS client is connected") {
+		t.Fatalf("over TLS with AETHER_CACERT: %v\n%s%s", res.err, res.stdout, res.stderr)
+	}
+	res = runCLI(t, nil, nil, "xds", "status", "--http-addr", addr)
+	if res.err == nil || !strings.Contains(res.err.Error(), "serves TLS: pass --cacert (or AETHER_CACERT)") {
+		t.Fatalf("plaintext to the TLS port: %v", res.err)
+	}
+}
