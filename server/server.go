@@ -306,7 +306,7 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 	}()
 
 	if s.xdsLis != nil {
-		if err := s.serveXDS(grpcCreds); err != nil {
+		if err := s.serveXDS(grpcCreds, mux); err != nil {
 			return nil, err
 		}
 	}
@@ -423,7 +423,10 @@ func (s *Server) load(ctx context.Context, etcdCfg clientv3.Config, peers []repl
 // serveXDS serves xDS on its own listener and gRPC server: xDS clients
 // are not Registrar clients, so neither the Registrar API's codec and
 // start-up gate nor its stream limits apply, but its credentials do.
-func (s *Server) serveXDS(creds []grpc.ServerOption) (err error) {
+// The status of its clients (aether xds status) is /xds/status on mux,
+// the HTTP port's, behind the same TLS as /metrics: mounted here, once
+// s.xds exists (a ServeMux takes handlers while it serves).
+func (s *Server) serveXDS(creds []grpc.ServerOption, mux *http.ServeMux) (err error) {
 	opts, log := s.opts, s.opts.Logger
 	s.xds, err = xds.New(xds.Config{
 		Source:     s.reg,
@@ -440,6 +443,7 @@ func (s *Server) serveXDS(creds []grpc.ServerOption) (err error) {
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	)...)
 	s.xds.Register(s.xdsGRPC)
+	mux.Handle("/xds/status", s.xds.StatusHandler())
 	lis, done := s.xdsLis, make(chan struct{})
 	s.xdsDone = done
 	go func() {

@@ -300,6 +300,7 @@ func (f *Feed) applyLocked(batch []*registrarv1.EndpointEvent) {
 func (f *Feed) rebuildLocked(changed map[string]bool) {
 	f.seq++
 	ver := f.epoch + "-" + strconv.FormatUint(f.seq, 10)
+	f.cfg.metrics.changed(ver, time.Now()) // for xds_push_latency_seconds
 	namesChanged := f.lrcVer == ""
 	for svc := range changed {
 		old := f.targets[svc]

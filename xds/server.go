@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
@@ -37,19 +38,20 @@ type Config struct {
 }
 
 // Server is an xDS control plane over a Feed: go-control-plane's server
-// with callbacks that count clients, pushes and NACKs.
+// with callbacks that count clients, pushes and NACKs, keep every
+// stream's status (Status) and hold a NACKed version back (holdRejected).
 type Server struct {
-	feed *Feed
-	xds  serverv3.Server
-	log  *slog.Logger
-	m    *metrics
+	feed   *Feed
+	xds    serverv3.Server
+	log    *slog.Logger
+	m      *metrics
+	status *tracker
 
 	ctx    context.Context // go-control-plane's servers end their streams with it
 	cancel context.CancelFunc
 
-	mu      sync.Mutex
-	open    map[int64]prometheus.Gauge // stream → its xds_connected_clients
-	streams map[int64]string           // delta stream → its node id, for NACK logs
+	mu   sync.Mutex
+	open map[int64]prometheus.Gauge // stream → its xds_connected_clients
 }
 
 // New builds a server and its feed; neither runs until Start.
@@ -70,7 +72,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{feed: feed, log: cfg.Logger, m: m, open: map[int64]prometheus.Gauge{}, streams: map[int64]string{}}
+	s := &Server{feed: feed, log: cfg.Logger, m: m, status: newTracker(), open: map[int64]prometheus.Gauge{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.xds = serverv3.NewServer(s.ctx, feed.Cache(), s.callbacks())
 	return s, nil
@@ -140,63 +142,82 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			// go-control-plane fills in the node from the stream's first
 			// request before calling this, and opens the watch after it.
 			s.feed.ensure(req.GetNode())
-			if d := req.GetErrorDetail(); d != nil {
-				s.nack("sotw", req.GetNode().GetId(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), d.GetMessage())
+			d := req.GetErrorDetail()
+			nack, rejected := s.status.request(id, req.GetNode(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), d.GetMessage(), d != nil)
+			if nack != nil {
+				s.nack("sotw", req.GetTypeUrl(), nack)
 			}
+			holdRejected(req, rejected)
 			return nil
 		},
-		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoverygrpc.DiscoveryRequest, resp *discoverygrpc.DiscoveryResponse) {
-			s.m.pushes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Inc()
-			s.m.sent.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(len(resp.GetResources())))
+		StreamResponseFunc: func(_ context.Context, id int64, _ *discoverygrpc.DiscoveryRequest, resp *discoverygrpc.DiscoveryResponse) {
+			s.responded(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discoverygrpc.DeltaDiscoveryRequest) error {
 			// Here, unlike for state of the world, go-control-plane fills
-			// in a missing node only after the callback: remember it.
+			// in a missing node only after the callback: the tracker
+			// remembers the first one.
 			node := req.GetNode()
-			s.mu.Lock()
-			if node != nil {
-				s.streams[id] = node.GetId()
-			}
-			nodeID := s.streams[id]
-			s.mu.Unlock()
 			if node != nil {
 				s.feed.ensure(node)
 			}
-			if d := req.GetErrorDetail(); d != nil {
-				s.nack("delta", nodeID, req.GetTypeUrl(), "", req.GetResponseNonce(), d.GetMessage())
+			nodeID := s.status.node(id, node)
+			d := req.GetErrorDetail()
+			nack, _ := s.status.request(id, nil, req.GetTypeUrl(), "", req.GetResponseNonce(), d.GetMessage(), d != nil)
+			if nack != nil {
+				nack.node = nodeID
+				s.nack("delta", req.GetTypeUrl(), nack)
 			}
 			return nil
 		},
-		StreamDeltaResponseFunc: func(_ int64, _ *discoverygrpc.DeltaDiscoveryRequest, resp *discoverygrpc.DeltaDiscoveryResponse) {
-			s.m.pushes.WithLabelValues(typeLabel(resp.GetTypeUrl())).Inc()
-			s.m.sent.WithLabelValues(typeLabel(resp.GetTypeUrl())).Add(float64(len(resp.GetResources())))
+		StreamDeltaResponseFunc: func(id int64, _ *discoverygrpc.DeltaDiscoveryRequest, resp *discoverygrpc.DeltaDiscoveryResponse) {
+			s.responded(id, resp.GetTypeUrl(), resp.GetSystemVersionInfo(), resp.GetNonce(), len(resp.GetResources()))
 		},
 	}
 }
 
-// opened and closed keep xds_connected_clients: go-control-plane tells
-// the stream's type only when it opens.
+// responded counts a response and records it in the stream's status.
+// go-control-plane calls this just before it sends: the push latency
+// ends here.
+func (s *Server) responded(id int64, typeURL, version, nonce string, resources int) {
+	now := time.Now()
+	requested := s.status.sent(id, typeURL, version, nonce)
+	s.m.pushes.WithLabelValues(typeLabel(typeURL)).Inc()
+	s.m.sent.WithLabelValues(typeLabel(typeURL)).Add(float64(resources))
+	s.m.pushed(typeURL, version, requested, now)
+}
+
+// opened and closed keep xds_connected_clients (go-control-plane tells
+// the stream's type only when it opens) and the status's streams.
 func (s *Server) opened(id int64, variant, typeURL string) {
 	g := s.m.connected.WithLabelValues(variant, serviceLabel(typeURL))
 	g.Inc()
 	s.mu.Lock()
 	s.open[id] = g
 	s.mu.Unlock()
+	s.status.open(id, variant, typeURL)
 }
 
 func (s *Server) closed(id int64) {
 	s.mu.Lock()
 	g := s.open[id]
 	delete(s.open, id)
-	delete(s.streams, id)
 	s.mu.Unlock()
 	if g != nil {
 		g.Dec()
 	}
+	s.status.close(id)
 }
 
-func (s *Server) nack(variant, node, typeURL, version, nonce, detail string) {
+// nack counts every NACK and logs the first of each version on a stream
+// and type: a client that asks again NACKs again (each new request for
+// names of the type re-sends the rejected version), and one line per
+// rejected version says what there is to say.
+func (s *Server) nack(variant, typeURL string, n *nackEvent) {
 	s.m.nacks.WithLabelValues(typeLabel(typeURL)).Inc()
-	s.log.Warn("xds: client rejected a configuration (NACK); it keeps its previous one",
-		"variant", variant, "node", node, "type", typeURL, "accepted_version", version, "nonce", nonce, "error", detail)
+	if !n.first {
+		return
+	}
+	s.log.Warn("xds: client rejected a configuration (NACK); it keeps its previous one, and the rejected version is not sent again until the configuration changes",
+		"variant", variant, "node", n.node, "type", typeURL, "rejected_version", n.version, "accepted_version", n.accepted, "nonce", n.nonce, "error", n.detail)
 }

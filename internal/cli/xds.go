@@ -1,12 +1,24 @@
 package cli
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/spf13/cobra"
 
+	"github.com/aethermesh/aether/pki"
+	"github.com/aethermesh/aether/server"
+	"github.com/aethermesh/aether/xds"
 	"github.com/aethermesh/aether/xds/bootstrap"
 )
 
@@ -16,7 +28,7 @@ func newXDSCmd() *cobra.Command {
 		Short: "Tools for the xDS clients of Aether (proxyless gRPC, proxies)",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(newXDSBootstrapCmd())
+	cmd.AddCommand(newXDSBootstrapCmd(), newXDSStatusCmd())
 	return cmd
 }
 
@@ -77,4 +89,194 @@ func flagOf(err error) error {
 		return fmt.Errorf("--%s %s", fe.Field, fe.Reason)
 	}
 	return err
+}
+
+func newXDSStatusCmd() *cobra.Command {
+	var (
+		addr, output string
+		timeout      time.Duration
+		tf           tlsFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show every xDS client connected to a registrar and whether it runs the latest config",
+		Long: `Show every xDS stream open on a registrar's --xds-addr, as istioctl
+proxy-status does: the client's node id, its locality, the protocol variant
+(sotw: state of the world, delta: incremental; with the per-type service
+when the stream is not ADS), and for each resource type (CDS, EDS, LDS,
+RDS) its state and version:
+
+  SYNCED    the client ACKed the last version sent (shown)
+  STALE     a version was sent (shown) and not ACKed yet
+  NACKED    the client rejected the version shown and runs on the one it
+            last accepted; the error detail follows the table. The
+            rejected version is not sent again until the config changes.
+  NOT_SENT  the client asked and was sent nothing yet
+  -         the stream does not carry the type
+
+It reads /xds/status from the registrar's HTTP port (its --http-addr),
+which a registrar serves only with --xds-addr. With TLS on the registrar
+(--tls-cert), pass --cacert; the HTTP port asks for no client certificate.`,
+		Example: `  aether xds status
+  aether xds status --http-addr 10.0.0.5:8081 --cacert pki/ca.pem -o json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkOutput(output, "table", "json"); err != nil {
+				return err
+			}
+			if _, _, err := net.SplitHostPort(addr); err != nil {
+				return fmt.Errorf("--http-addr %q: want host:port, the registrar's --http-addr", addr)
+			}
+			if timeout <= 0 {
+				return fmt.Errorf("--timeout %s: must be positive (e.g. 5s)", timeout)
+			}
+			if err := tf.validate(); err != nil {
+				return err
+			}
+			doc, err := fetchXDSStatus(cmd.Context(), addr, timeout, &tf)
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				b, err := json.MarshalIndent(doc, "", "  ")
+				if err != nil {
+					return err
+				}
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", b)
+				return err
+			}
+			if len(doc.Clients) == 0 {
+				fmt.Fprintln(cmd.ErrOrStderr(), "no xDS client is connected to the registrar at --http-addr "+addr)
+			}
+			return writeXDSStatus(cmd.OutOrStdout(), doc)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "http-addr", server.DefaultHTTPAddr, "the registrar's HTTP address (its --http-addr), where it serves /xds/status")
+	f.DurationVar(&timeout, "timeout", 5*time.Second, "timeout of the request to the registrar")
+	f.StringVarP(&output, "output", "o", "table", "output format: table or json")
+	addTLSFlags(f, &tf)
+	return cmd
+}
+
+// fetchXDSStatus GETs /xds/status; its errors say what to change, by flag.
+func fetchXDSStatus(ctx context.Context, addr string, timeout time.Duration, tf *tlsFlags) (*xds.StatusDocument, error) {
+	scheme, tr := "http", &http.Transport{}
+	if tf.enabled() {
+		cfg, err := pki.ClientTLSConfig(tf.cacert, tf.cert, tf.key)
+		if err != nil {
+			return nil, fmt.Errorf("--cacert/--cert/--key: %w", err)
+		}
+		scheme, tr.TLSClientConfig = "https", cfg
+	}
+	defer tr.CloseIdleConnections()
+	url := scheme + "://" + addr + "/xds/status"
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("--http-addr %q: %v", addr, err)
+	}
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		msg := err.Error()
+		switch {
+		case strings.Contains(msg, "first record does not look like a TLS handshake"):
+			return nil, fmt.Errorf("GET %s: the registrar's HTTP port is plaintext: leave --cacert, --cert and --key out (and AETHER_CACERT, AETHER_CERT, AETHER_KEY)", url)
+		case strings.Contains(msg, "x509") || strings.Contains(msg, "tls:"):
+			return nil, fmt.Errorf("GET %s: %v: check that --cacert is the CA that issued the registrar's certificate", url, err)
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("GET %s: the registrar did not answer within %s (raise --timeout or AETHER_TIMEOUT)", url, timeout)
+		}
+		return nil, fmt.Errorf("cannot reach the registrar's HTTP port at %s: %v; is \"aether registrar\" running there? (set --http-addr or AETHER_HTTP_ADDR to its --http-addr)", addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %v", url, err)
+	}
+	switch {
+	case resp.StatusCode == http.StatusBadRequest && strings.Contains(string(body), "HTTPS server"):
+		return nil, fmt.Errorf("GET %s: the registrar's HTTP port serves TLS: pass --cacert (or AETHER_CACERT) with the CA of its certificate", url)
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, fmt.Errorf("the registrar at --http-addr %s serves no xDS (no /xds/status): start it with --xds-addr to serve xDS clients", addr)
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
+	}
+	var doc xds.StatusDocument
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return nil, fmt.Errorf("GET %s: not an xDS status document (%v); is --http-addr an aether registrar's --http-addr?", url, err)
+	}
+	return &doc, nil
+}
+
+// xdsColumns are the status table's type columns, in istioctl's order.
+var xdsColumns = []struct{ name, typeURL string }{
+	{"CDS", resourcev3.ClusterType},
+	{"EDS", resourcev3.EndpointType},
+	{"LDS", resourcev3.ListenerType},
+	{"RDS", resourcev3.RouteType},
+}
+
+func writeXDSStatus(w io.Writer, doc *xds.StatusDocument) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprint(tw, "NODE\tLOCALITY\tVARIANT")
+	for _, c := range xdsColumns {
+		fmt.Fprint(tw, "\t"+c.name)
+	}
+	fmt.Fprintln(tw)
+	var nacks []string
+	for _, c := range doc.Clients {
+		variant := c.Variant
+		if c.Service != "ads" {
+			variant += " " + c.Service
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s", orDash(c.Node), localityString(c.Locality), variant)
+		for _, col := range xdsColumns {
+			ts, ok := c.Types[col.typeURL]
+			fmt.Fprint(tw, "\t"+typeCell(ts, ok))
+			if ok && ts.State == xds.NACKed && ts.LastNACK != nil {
+				nacks = append(nacks, fmt.Sprintf("%s %s: version %s rejected at %s (runs on %s): %s", orDash(c.Node), col.name,
+					ts.LastNACK.Version, ts.LastNACK.At.UTC().Format(time.RFC3339), orDash(ts.AckedVersion), ts.LastNACK.Detail))
+			}
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(nacks) > 0 {
+		fmt.Fprintln(w, "\nNACKED:")
+		for _, n := range nacks {
+			fmt.Fprintln(w, "  "+n)
+		}
+	}
+	return nil
+}
+
+// typeCell is a type's state and the version that goes with it: the one
+// the client runs (SYNCED), waits on (STALE) or rejected (NACKED).
+func typeCell(ts xds.TypeStatus, ok bool) string {
+	switch {
+	case !ok:
+		return "-"
+	case ts.State == xds.Synced:
+		return "SYNCED " + ts.AckedVersion
+	case ts.State == xds.Stale:
+		return "STALE " + ts.SentVersion
+	case ts.State == xds.NACKed:
+		return "NACKED " + ts.SentVersion
+	}
+	return string(ts.State)
+}
+
+func localityString(l *xds.NodeLocality) string {
+	if l == nil {
+		return "-" // none sent: served as the registrar's own
+	}
+	s := l.Region + "/" + l.Zone
+	if l.SubZone != "" {
+		s += "/" + l.SubZone
+	}
+	return s
 }
