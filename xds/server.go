@@ -34,6 +34,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Backoff spaces resubscriptions (FeedConfig).
 	Backoff retry.Backoff
+	// Demand, if set, is told the services the streams name (see Demand):
+	// the agent's way to watch only what its proxies ask for.
+	Demand Demand
 }
 
 // Server is an xDS control plane over a Feed: go-control-plane's server
@@ -43,6 +46,7 @@ type Server struct {
 	xds  serverv3.Server
 	log  *slog.Logger
 	m    *metrics
+	dmd  *demand // nil without Config.Demand
 
 	ctx    context.Context // go-control-plane's servers end their streams with it
 	cancel context.CancelFunc
@@ -70,7 +74,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{feed: feed, log: cfg.Logger, m: m, open: map[int64]prometheus.Gauge{}, streams: map[int64]string{}}
+	s := &Server{feed: feed, log: cfg.Logger, m: m, dmd: newDemand(cfg.Demand), open: map[int64]prometheus.Gauge{}, streams: map[int64]string{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.xds = serverv3.NewServer(s.ctx, feed.Cache(), s.callbacks())
 	return s, nil
@@ -140,6 +144,7 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			// go-control-plane fills in the node from the stream's first
 			// request before calling this, and opens the watch after it.
 			s.feed.ensure(req.GetNode())
+			s.dmd.sotw(id, req)
 			if d := req.GetErrorDetail(); d != nil {
 				s.nack("sotw", req.GetNode().GetId(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), d.GetMessage())
 			}
@@ -162,6 +167,7 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			if node != nil {
 				s.feed.ensure(node)
 			}
+			s.dmd.delta(id, req)
 			if d := req.GetErrorDetail(); d != nil {
 				s.nack("delta", nodeID, req.GetTypeUrl(), "", req.GetResponseNonce(), d.GetMessage())
 			}
@@ -193,6 +199,7 @@ func (s *Server) closed(id int64) {
 	if g != nil {
 		g.Dec()
 	}
+	s.dmd.closed(id)
 }
 
 func (s *Server) nack(variant, node, typeURL, version, nonce, detail string) {

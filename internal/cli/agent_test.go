@@ -1,6 +1,10 @@
 package cli
 
-import "testing"
+import (
+	"net"
+	"strings"
+	"testing"
+)
 
 // TestAgentFlagErrors checks that bad agent flags fail before the agent
 // dials any registrar.
@@ -32,6 +36,8 @@ func TestAgentFlagErrors(t *testing.T) {
 		{"address not an ip", []string{"--node", "n1", "--address", "node-a.example"}, `--address: ip "node-a.example" is not an IPv4 or IPv6 address`},
 		{"unspecified address", []string{"--node", "n1", "--address", "0.0.0.0"}, `--address: ip "0.0.0.0" is the unspecified address; register the address peers dial`},
 		{"bad zone", []string{"--node", "n1", "--zone", "z/1"}, `--zone "z/1" must not contain '/'`},
+		{"xds addr without port", []string{"--node", "n1", "--xds-addr", "127.0.0.1"},
+			`--xds-addr "127.0.0.1": not a host:port address (missing port in address); use e.g. 127.0.0.1:15010`},
 		{"missing endpoints file", []string{"--node", "n1", "--endpoints-file", "/nonexistent/endpoints"},
 			"--endpoints-file: open /nonexistent/endpoints: no such file or directory"},
 	}
@@ -53,10 +59,26 @@ func TestAgentFlagErrors(t *testing.T) {
 		})
 	}
 
+	// An --xds-addr in use fails at start, naming the flag, before any
+	// registrar is dialled.
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	s := newSentinel(t)
+	res := runCLI(t, nil, nil, "agent", "--node", "n1", "--registrar", s.addr(), "--xds-addr", taken.Addr().String())
+	if want := "--xds-addr " + taken.Addr().String() + ": "; res.err == nil || !strings.HasPrefix(res.err.Error(), want) || !strings.Contains(res.err.Error(), "address already in use") {
+		t.Errorf("error %v\nwant %s...address already in use", res.err, want)
+	}
+	if n := s.conns.Load(); n != 0 {
+		t.Errorf("%d connection(s) to the registrar; the xDS address must be checked first", n)
+	}
+
 	// A registrar address that cannot be completed to host:port fails as
 	// early (a bare host gets the registrar's port, see
 	// TestRegistrarAddrDefaultPort).
-	res := runCLI(t, nil, nil, "agent", "--node", "n1", "--registrar", "127.0.0.1:9443,registrar-b:")
+	res = runCLI(t, nil, nil, "agent", "--node", "n1", "--registrar", "127.0.0.1:9443,registrar-b:")
 	if want := `--registrar "registrar-b:": give both host and port (e.g. 127.0.0.1:9443)`; res.err == nil || res.err.Error() != want {
 		t.Errorf("error %v\nwant %s", res.err, want)
 	}
