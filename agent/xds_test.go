@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
@@ -190,8 +191,9 @@ func TestAgentXDSServesFromItsCacheOnDemand(t *testing.T) {
 }
 
 // (c) With every registrar down the agent keeps serving the last config,
-// to the client it had and to a new one; a registrar back on the same
-// etcd brings its changes to both.
+// to the client it had and to a new one, and keeps the service cached
+// when every proxy has gone, for the one that comes back; a registrar
+// back on the same etcd brings its changes to it.
 func TestAgentXDSServesThroughARegistrarOutage(t *testing.T) {
 	etcd := etcdtest.Start(t)
 	addr := regtest.FreeAddr(t)
@@ -218,16 +220,57 @@ func TestAgentXDSServesThroughARegistrarOutage(t *testing.T) {
 	xdstest.WaitSpread(t, fresh, only(b1, b2), firstBound)
 	t.Logf("a new xDS client got the cached config with no registrar up in %v", time.Since(start).Round(time.Millisecond))
 
+	// Every proxy goes (restarts) during the outage: web stays cached past
+	// its linger, since it could not be fetched back, and the proxy that
+	// comes back is served from the cache.
+	old.Close()
+	fresh.Close()
+	time.Sleep(3 * xdsLinger)
+	if !watches(a, "web") {
+		t.Fatalf("web left the subscription while no registrar was reachable: %v", a.Watched())
+	}
+	again := xdstest.Client(t, "web", boot("proxy-again"))
+	xdstest.WaitSpread(t, again, only(b1, b2), firstBound)
+
 	startRegistrar(t, etcd, addr)
 	start = time.Now()
 	// A new connection: the old one backs off after its failures.
 	regtest.Register(t, regtest.Dial(t, addr), b3.endpoint("web"))
-	xdstest.WaitSpread(t, old, only(b1, b2, b3), rejoinBound)
-	xdstest.WaitSpread(t, fresh, only(b1, b2, b3), changeBound)
-	t.Logf("a change on the restarted registrar reached both clients in %v (bound %v: the client's reconnect backoff)",
+	xdstest.WaitSpread(t, again, only(b1, b2, b3), rejoinBound)
+	t.Logf("a change on the restarted registrar reached the xDS client in %v (bound %v: the client's reconnect backoff)",
 		time.Since(start).Round(time.Millisecond), rejoinBound)
 	// Stopped before the registrar's cleanup, so its drain reaches one.
 	if err := stopAgent(); err != nil {
 		t.Fatalf("agent: %v", err)
 	}
+}
+
+// Demand over delta xDS, on a stream that stays open: a subscription to
+// web's load assignment brings web into the agent's cache and to the
+// client; the unsubscription takes it out again after the linger.
+func TestAgentXDSDeltaSubscribeAndUnsubscribe(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	addr := regtest.FreeAddr(t)
+	startRegistrar(t, etcd, addr)
+	reg := regtest.Dial(t, addr)
+	b1 := startIPBackend(t, "127.0.0.31")
+	regtest.Register(t, reg, b1.endpoint("web"))
+
+	a, _ := startXDSAgent(t, addr)
+	wait.For(t, "the agent watching its own service", firstBound, func() bool { return watches(a, "own") })
+	d := xdstest.DeltaProbe(t, a.XDSAddr(), xdstest.Node("delta-1", xdstest.Locality{Region: "default", Zone: "z1"}))
+	d.Subscribe(resourcev3.EndpointType, "web")
+	start := time.Now()
+	for {
+		r := d.NextOf(resourcev3.EndpointType, firstBound)
+		if names := xdstest.Names(r); slices.Contains(names, "web") {
+			break
+		}
+	}
+	t.Logf("web's load assignment reached the delta client %v after it subscribed", time.Since(start).Round(time.Millisecond))
+	if !watches(a, "web") {
+		t.Fatalf("web not watched while subscribed over delta: %v", a.Watched())
+	}
+	d.Unsubscribe(resourcev3.EndpointType, "web")
+	wait.For(t, "web leaving the agent's subscription, the stream still open", xdsLinger+changeBound, func() bool { return !watches(a, "web") })
 }

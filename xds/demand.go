@@ -49,6 +49,9 @@ func newDemand(to Demand) *demand {
 // serviceOf is the service a resource name names, or "".
 func serviceOf(name string) string {
 	name = strings.TrimPrefix(name, "xds:///")
+	if strings.Contains(name, "/") {
+		return "" // a URL (xdstp://...): no target of ours
+	}
 	svc, _, _ := strings.Cut(name, ":")
 	if registry.ValidateName("service", svc) != nil {
 		return ""

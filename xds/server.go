@@ -22,7 +22,8 @@ import (
 
 // Config configures a Server.
 type Config struct {
-	// Source is what the feed subscribes to (a *registrar.Registrar).
+	// Source is what the feed subscribes to (a *registrar.Registrar);
+	// nil for a feed driven by Feed().Apply (the agent's).
 	Source Source
 	// Locality is the serving process's own (its region and zone): a node
 	// that sends no locality in its xDS Node is served as if it were here.
