@@ -50,8 +50,8 @@ node record and exits 0.
 With --xds-addr (e.g. 127.0.0.1:15010) the agent also serves xDS to the
 node's proxies and proxyless gRPC clients (xds:///service) from its local
 cache, so they keep their configuration while every registrar is down.
-The services they ask for join the agent's subscription and leave it 30s
-after no xDS client names them (see README, "xDS").`,
+The services they ask for join the agent's subscription and leave it
+--xds-linger after no xDS client names them (see README, "xDS").`,
 		Example: `  aether agent --node node-a --zone z1 --registrar 10.0.0.10:9443,10.0.0.11:9443 \
     --endpoint web=10.0.1.5:8080/http --endpoint api=10.0.1.5:9090/grpc
   aether agent --node node-a --zone z1 --xds-addr 127.0.0.1:15010 --endpoint web=10.0.1.5:8080/grpc
@@ -66,8 +66,11 @@ after no xDS client names them (see README, "xDS").`,
 			cfg.Logger = log
 			// agent.New fills an empty region or cluster and a non-positive
 			// drain period with defaults; given explicitly they are mistakes.
-			if err := refuseZeros(cmd.Flags(), "region", "cluster", "drain-period"); err != nil {
+			if err := refuseZeros(cmd.Flags(), "region", "cluster", "drain-period", "xds-linger"); err != nil {
 				return err
+			}
+			if cfg.XDSLinger < 0 {
+				return fmt.Errorf("--xds-linger %s: must be positive (a service no proxy asks for stays watched this long)", cfg.XDSLinger)
 			}
 			if cfg.DrainPeriod < 0 {
 				return fmt.Errorf("--drain-period %s: must be positive (endpoints stay DRAINING this long so proxies finish in-flight requests)", cfg.DrainPeriod)
@@ -162,6 +165,7 @@ after no xDS client names them (see README, "xDS").`,
 	f.DurationVar(&cfg.DrainPeriod, "drain-period", 5*time.Second, "how long endpoints stay DRAINING before they are removed")
 	f.StringVar(&httpAddr, "http-addr", "", "serve /metrics and /healthz here (off when empty)")
 	f.StringVar(&cfg.XDSAddr, "xds-addr", "", "serve xDS to this node's proxies from the agent's cache on this address, e.g. 127.0.0.1:15010 (loopback keeps it to the node; plaintext); empty (the default) serves none")
+	f.DurationVar(&cfg.XDSLinger, "xds-linger", agent.DefaultXDSLinger, "with --xds-addr: how long a service no xDS client asks for any more stays in the agent's subscription")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	addTLSFlags(f, &tf)
