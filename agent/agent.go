@@ -44,6 +44,15 @@ type Config struct {
 	// removed. Default 5s.
 	DrainPeriod time.Duration
 
+	// XDSAddr, if set, is where the agent serves xDS (host:port; a
+	// loopback address keeps it to the node's own proxies) from its
+	// client cache, in its own zone and region for nodes that send none.
+	// Empty means off.
+	XDSAddr string
+	// XDSLinger is how long a service no xDS client names any more stays
+	// in the agent's subscription (default DefaultXDSLinger).
+	XDSLinger time.Duration
+
 	// DialOptions for the registrar connections, as client.Config's: nil
 	// means plaintext.
 	DialOptions []grpc.DialOption
@@ -60,6 +69,7 @@ type Agent struct {
 	// through it, so they share one failover cursor and one rule for what
 	// is worth retrying.
 	cli *client.Client
+	xds *xdsPlane // nil without XDSAddr
 
 	mu      sync.Mutex
 	desired map[registry.EndpointID]*registryv1.ServiceEndpoint
@@ -87,6 +97,9 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.XDSLinger <= 0 {
+		cfg.XDSLinger = DefaultXDSLinger
+	}
 	if err := registry.ValidateName("--node", cfg.Node); err != nil {
 		return nil, err
 	}
@@ -110,7 +123,7 @@ func New(cfg Config) (*Agent, error) {
 	if _, err := registry.NormalizeNode(a.nodeRecord(), registry.DefaultLimits); err != nil {
 		return nil, err
 	}
-	a.cli, err = client.New(client.Config{
+	ccfg := client.Config{
 		Addrs:       cfg.Registrars,
 		Region:      cfg.Region,
 		Cluster:     cfg.Cluster,
@@ -119,9 +132,22 @@ func New(cfg Config) (*Agent, error) {
 		DialOptions: cfg.DialOptions,
 		Registerer:  cfg.Registerer,
 		Logger:      cfg.Logger,
-	})
+	}
+	if cfg.XDSAddr != "" {
+		if a.xds, err = newXDSPlane(cfg, a.ownService); err != nil {
+			return nil, err
+		}
+		ccfg.OnChange = a.xds.onChange
+	}
+	a.cli, err = client.New(ccfg)
 	if err != nil {
+		if a.xds != nil {
+			a.xds.stop()
+		}
 		return nil, err
+	}
+	if a.xds != nil {
+		a.xds.cli = a.cli
 	}
 	return a, nil
 }
@@ -153,6 +179,37 @@ func (a *Agent) wanted() ([]*registryv1.ServiceEndpoint, error) {
 		out = append(out, norm)
 	}
 	return out, nil
+}
+
+// XDSAddr is the address xDS is served on ("" without Config.XDSAddr).
+func (a *Agent) XDSAddr() string {
+	if a.xds == nil {
+		return ""
+	}
+	return a.xds.lis.Addr().String()
+}
+
+// Watched are the services the agent's cache watches (its client's
+// Services): its own, and with XDSAddr those its proxies ask for; nil when
+// it watches all (an agent with no endpoints of its own).
+func (a *Agent) Watched() []string { return a.cli.Services() }
+
+// ownService says whether the agent registers (or still drains) an
+// endpoint of service: such a service stays subscribed whatever xDS asks.
+func (a *Agent) ownService(service string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id := range a.desired {
+		if id.Service == service {
+			return true
+		}
+	}
+	for id := range a.draining {
+		if id.Service == service {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *Agent) services() []string {
@@ -196,6 +253,13 @@ func (a *Agent) nodeRecord() *registryv1.Node {
 // until ctx ends; then it drains, deregisters, leaves and returns nil.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.cli.Close()
+	if a.xds != nil {
+		// Serving from the cache needs no registrar, so it starts first;
+		// it stops after the drain (its proxies see the DRAINING) and
+		// before the client closes (deferred in that order).
+		a.xds.start()
+		defer a.xds.stop()
+	}
 
 	interval, err := a.announce(ctx)
 	if err != nil {

@@ -27,4 +27,10 @@
 //     only caller a registrar lets remove a live node's endpoint; the
 //     node's health summary is its claim, and a registrar reports next to
 //     it what it actually holds.
+//   - With XDSAddr the agent's xDS serves its client cache and nothing
+//     else (OnChange into the feed, see xds.go), so its proxies keep their
+//     configuration while every registrar is down. Its watched set is its
+//     own services plus those a connected xDS client names; a named
+//     service leaves XDSLinger after the last client stops naming it, and
+//     not while the cache could not fetch it back (no registrar reachable).
 package agent

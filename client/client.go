@@ -293,6 +293,17 @@ func (c *Client) checkServices(services []string) error {
 	return nil
 }
 
+// Services are the services this client watches, sorted: Config.Services
+// as changed by Subscribe and Unsubscribe since, or nil for a client that
+// watches all services. The slice is the caller's.
+func (c *Client) Services() []string {
+	v := c.view.Load()
+	if v.all {
+		return nil
+	}
+	return slices.Clone(v.wanted)
+}
+
 // WaitSynced waits until the first snapshot has been applied, so reads are
 // served from the cache.
 func (c *Client) WaitSynced(ctx context.Context) error {

@@ -295,6 +295,9 @@ func TestSubscribeAndUnsubscribeOnTheLiveStream(t *testing.T) {
 	if err := c.Subscribe("db"); err != nil {
 		t.Fatal(err)
 	}
+	if got := c.Services(); !slices.Equal(got, []string{"db", "web"}) {
+		t.Fatalf("Services right after Subscribe(db) = %v", got)
+	}
 	waitFor(t, "db cached", 5*time.Second, func() bool { return cached(c, "db") })
 	fallbacks := c.stats.fallbacks.Load()
 	if got := ips(endpointsOf(t, c, "db")); !slices.Equal(got, []string{"db 10.0.1.1", "db 10.0.1.2"}) {
@@ -311,6 +314,9 @@ func TestSubscribeAndUnsubscribeOnTheLiveStream(t *testing.T) {
 	}
 	if cached(c, "web") {
 		t.Fatal("web still cached right after Unsubscribe")
+	}
+	if got := c.Services(); !slices.Equal(got, []string{"db"}) {
+		t.Fatalf("Services right after Unsubscribe(web) = %v", got)
 	}
 	if got := ips(allOf(t, c)); !slices.Equal(got, []string{"db 10.0.1.1", "db 10.0.1.2", "db 10.0.1.3"}) {
 		t.Fatalf("AllEndpoints after unsubscribing web = %v", got)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -36,6 +35,9 @@ const DefaultMaxLocalities = 64
 
 // FeedConfig configures a Feed.
 type FeedConfig struct {
+	// Source is the registrar's Subscribe, which Start follows. Nil for a
+	// feed driven by Apply instead (the agent's, from its client cache's
+	// OnChange): Start is then a no-op.
 	Source Source
 	// Own is the locality of a node that sends none in its xDS Node
 	// (neither region nor zone): the locality of the process serving it.
@@ -117,9 +119,6 @@ type Feed struct {
 
 // NewFeed returns a feed that is not yet running (see Start).
 func NewFeed(cfg FeedConfig) (*Feed, error) {
-	if cfg.Source == nil {
-		return nil, errors.New("xds: the feed needs a Source")
-	}
 	if cfg.MaxLocalities <= 0 {
 		cfg.MaxLocalities = DefaultMaxLocalities
 	}
@@ -158,6 +157,9 @@ func (f *Feed) Cache() cachev3.SnapshotCache { return f.cache }
 // apply the start and every batch, rebuild the changed services'
 // resources, set the snapshots; on a cut, resume from the last version.
 func (f *Feed) Start() {
+	if f.cfg.Source == nil {
+		return // fed by Apply
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	f.stop, f.done = cancel, make(chan struct{})
 	go func() {
@@ -217,6 +219,24 @@ func (f *Feed) run(ctx context.Context) {
 			}
 		}
 		sub.Close()
+	}
+}
+
+// Apply applies a batch of events in order, as the subscription loop
+// does with a batch of its Subscription: the input of a feed without a
+// Source. ADDED and UPDATED put the endpoint, REMOVED drops it, and the
+// services touched are rebuilt once for the batch, so a caller that
+// gathers what arrived while the last Apply ran pays one rebuild for it.
+// The first call marks the feed loaded and sets the snapshots even when
+// the batch is empty, so clients waiting for a first configuration get
+// one.
+func (f *Feed) Apply(batch []*registrarv1.EndpointEvent) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	first := !f.loaded
+	f.applyLocked(batch)
+	if first && len(f.cla) == 0 {
+		f.rebuildLocked(map[string]bool{})
 	}
 }
 

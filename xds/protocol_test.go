@@ -209,6 +209,12 @@ func TestSotwPerTypeServiceAndNACK(t *testing.T) {
 	c := regtest.Dial(t, srv.GRPCAddr())
 	register(t, c, endpoint(backends(t, "127.0.0.51")[0], "web", "z1"))
 	register(t, c, endpoint(backends(t, "127.0.0.52")[0], "api", "z1"))
+	// The feed learns the writes from the registrar's subscription a moment
+	// after they are acknowledged; the first response must already have
+	// web, so wait until the feed serves both targets.
+	wait.For(t, "the feed to hold web and api", 10*time.Second, func() bool {
+		return regtest.MetricValue(t, srv.HTTPAddr(), "xds_targets") >= 2
+	})
 
 	cc := dialXDS(t, srv.XDSAddr())
 	defer cc.Close()

@@ -23,7 +23,8 @@ import (
 
 // Config configures a Server.
 type Config struct {
-	// Source is what the feed subscribes to (a *registrar.Registrar).
+	// Source is what the feed subscribes to (a *registrar.Registrar);
+	// nil for a feed driven by Feed().Apply (the agent's).
 	Source Source
 	// Locality is the serving process's own (its region and zone): a node
 	// that sends no locality in its xDS Node is served as if it were here.
@@ -35,6 +36,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Backoff spaces resubscriptions (FeedConfig).
 	Backoff retry.Backoff
+	// Demand, if set, is told the services the streams name (see Demand):
+	// the agent's way to watch only what its proxies ask for.
+	Demand Demand
 }
 
 // Server is an xDS control plane over a Feed: go-control-plane's server
@@ -46,6 +50,7 @@ type Server struct {
 	log    *slog.Logger
 	m      *metrics
 	status *tracker
+	dmd    *demand // nil without Config.Demand
 
 	ctx    context.Context // go-control-plane's servers end their streams with it
 	cancel context.CancelFunc
@@ -72,7 +77,7 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{feed: feed, log: cfg.Logger, m: m, status: newTracker(), open: map[int64]prometheus.Gauge{}}
+	s := &Server{feed: feed, log: cfg.Logger, m: m, status: newTracker(), dmd: newDemand(cfg.Demand), open: map[int64]prometheus.Gauge{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.xds = serverv3.NewServer(s.ctx, feed.Cache(), s.callbacks())
 	return s, nil
@@ -142,6 +147,7 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			// go-control-plane fills in the node from the stream's first
 			// request before calling this, and opens the watch after it.
 			s.feed.ensure(req.GetNode())
+			s.dmd.sotw(id, req)
 			d := req.GetErrorDetail()
 			nack, rejected := s.status.request(id, req.GetNode(), req.GetTypeUrl(), req.GetVersionInfo(), req.GetResponseNonce(), d.GetMessage(), d != nil)
 			if nack != nil {
@@ -161,6 +167,7 @@ func (s *Server) callbacks() serverv3.Callbacks {
 			if node != nil {
 				s.feed.ensure(node)
 			}
+			s.dmd.delta(id, req)
 			nodeID := s.status.node(id, node)
 			d := req.GetErrorDetail()
 			nack, _ := s.status.request(id, nil, req.GetTypeUrl(), "", req.GetResponseNonce(), d.GetMessage(), d != nil)
@@ -207,6 +214,7 @@ func (s *Server) closed(id int64) {
 		g.Dec()
 	}
 	s.status.close(id)
+	s.dmd.closed(id)
 }
 
 // nack counts every NACK and logs the first of each version on a stream

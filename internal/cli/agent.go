@@ -45,9 +45,16 @@ changes. An endpoint dropped from the file is drained, then removed after
 If the agent stops (killed or partitioned away), the node and its endpoints
 disappear once the registrar's --node-ttl passes. On SIGTERM the agent
 drains its endpoints, waits --drain-period, deregisters them, removes the
-node record and exits 0.`,
+node record and exits 0.
+
+With --xds-addr (e.g. 127.0.0.1:15010) the agent also serves xDS to the
+node's proxies and proxyless gRPC clients (xds:///service) from its local
+cache, so they keep their configuration while every registrar is down.
+The services they ask for join the agent's subscription and leave it
+--xds-linger after no xDS client names them (see README, "xDS").`,
 		Example: `  aether agent --node node-a --zone z1 --registrar 10.0.0.10:9443,10.0.0.11:9443 \
     --endpoint web=10.0.1.5:8080/http --endpoint api=10.0.1.5:9090/grpc
+  aether agent --node node-a --zone z1 --xds-addr 127.0.0.1:15010 --endpoint web=10.0.1.5:8080/grpc
   aether agent --node node-a --cacert ca.pem --cert node-node-a.pem --key node-node-a-key.pem \
     --endpoint web=10.0.1.5:8080/http`,
 		Args: cobra.NoArgs,
@@ -59,8 +66,11 @@ node record and exits 0.`,
 			cfg.Logger = log
 			// agent.New fills an empty region or cluster and a non-positive
 			// drain period with defaults; given explicitly they are mistakes.
-			if err := refuseZeros(cmd.Flags(), "region", "cluster", "drain-period"); err != nil {
+			if err := refuseZeros(cmd.Flags(), "region", "cluster", "drain-period", "xds-linger"); err != nil {
 				return err
+			}
+			if cfg.XDSLinger < 0 {
+				return fmt.Errorf("--xds-linger %s: must be positive (a service no proxy asks for stays watched this long)", cfg.XDSLinger)
 			}
 			if cfg.DrainPeriod < 0 {
 				return fmt.Errorf("--drain-period %s: must be positive (endpoints stay DRAINING this long so proxies finish in-flight requests)", cfg.DrainPeriod)
@@ -92,6 +102,11 @@ node record and exits 0.`,
 					if err := registry.ValidateName(flag, v); err != nil {
 						return err
 					}
+				}
+			}
+			if cfg.XDSAddr != "" {
+				if _, _, err := net.SplitHostPort(cfg.XDSAddr); err != nil {
+					return fmt.Errorf("--xds-addr %q: not a host:port address (%v); use e.g. 127.0.0.1:15010", cfg.XDSAddr, unwrapAddrErr(err))
 				}
 			}
 			if cfg.Address != "" {
@@ -149,6 +164,8 @@ node record and exits 0.`,
 	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
 	f.DurationVar(&cfg.DrainPeriod, "drain-period", 5*time.Second, "how long endpoints stay DRAINING before they are removed")
 	f.StringVar(&httpAddr, "http-addr", "", "serve /metrics and /healthz here (off when empty)")
+	f.StringVar(&cfg.XDSAddr, "xds-addr", "", "serve xDS to this node's proxies from the agent's cache on this address, e.g. 127.0.0.1:15010 (loopback keeps it to the node; plaintext); empty (the default) serves none")
+	f.DurationVar(&cfg.XDSLinger, "xds-linger", agent.DefaultXDSLinger, "with --xds-addr: how long a service no xDS client asks for any more stays in the agent's subscription")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	addTLSFlags(f, &tf)

@@ -1,6 +1,16 @@
 package cli
 
-import "testing"
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/internal/testutil/etcdtest"
+	"github.com/aethermesh/aether/internal/testutil/regtest"
+	"github.com/aethermesh/aether/internal/testutil/xdstest"
+)
 
 // TestAgentFlagErrors checks that bad agent flags fail before the agent
 // dials any registrar.
@@ -32,6 +42,12 @@ func TestAgentFlagErrors(t *testing.T) {
 		{"address not an ip", []string{"--node", "n1", "--address", "node-a.example"}, `--address: ip "node-a.example" is not an IPv4 or IPv6 address`},
 		{"unspecified address", []string{"--node", "n1", "--address", "0.0.0.0"}, `--address: ip "0.0.0.0" is the unspecified address; register the address peers dial`},
 		{"bad zone", []string{"--node", "n1", "--zone", "z/1"}, `--zone "z/1" must not contain '/'`},
+		{"xds addr without port", []string{"--node", "n1", "--xds-addr", "127.0.0.1"},
+			`--xds-addr "127.0.0.1": not a host:port address (missing port in address); use e.g. 127.0.0.1:15010`},
+		{"negative xds linger", []string{"--node", "n1", "--xds-linger", "-1s"},
+			"--xds-linger -1s: must be positive (a service no proxy asks for stays watched this long)"},
+		{"zero xds linger", []string{"--node", "n1", "--xds-linger", "0s"},
+			"--xds-linger 0s: must be positive (0 is not a setting here: it would silently mean the default); to run with the default (30s), leave --xds-linger out"},
 		{"missing endpoints file", []string{"--node", "n1", "--endpoints-file", "/nonexistent/endpoints"},
 			"--endpoints-file: open /nonexistent/endpoints: no such file or directory"},
 	}
@@ -53,11 +69,50 @@ func TestAgentFlagErrors(t *testing.T) {
 		})
 	}
 
+	// An --xds-addr in use fails at start, naming the flag, before any
+	// registrar is dialled.
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	s := newSentinel(t)
+	res := runCLI(t, nil, nil, "agent", "--node", "n1", "--registrar", s.addr(), "--xds-addr", taken.Addr().String())
+	if want := "--xds-addr " + taken.Addr().String() + ": "; res.err == nil || !strings.HasPrefix(res.err.Error(), want) || !strings.Contains(res.err.Error(), "address already in use") {
+		t.Errorf("error %v\nwant %s...address already in use", res.err, want)
+	}
+	if n := s.conns.Load(); n != 0 {
+		t.Errorf("%d connection(s) to the registrar; the xDS address must be checked first", n)
+	}
+
 	// A registrar address that cannot be completed to host:port fails as
 	// early (a bare host gets the registrar's port, see
 	// TestRegistrarAddrDefaultPort).
-	res := runCLI(t, nil, nil, "agent", "--node", "n1", "--registrar", "127.0.0.1:9443,registrar-b:")
+	res = runCLI(t, nil, nil, "agent", "--node", "n1", "--registrar", "127.0.0.1:9443,registrar-b:")
 	if want := `--registrar "registrar-b:": give both host and port (e.g. 127.0.0.1:9443)`; res.err == nil || res.err.Error() != want {
 		t.Errorf("error %v\nwant %s", res.err, want)
+	}
+}
+
+// `aether agent --xds-addr` serves xDS from the agent's cache: a real
+// grpc-go xds:/// client reaches the service's endpoint through it, and
+// the port is closed once the agent has shut down.
+func TestAgentServesXDS(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	r := startRegistrar(t, etcd)
+	b := xdstest.StartBackends(t, 1)[0]
+	r.register(t, &registryv1.ServiceEndpoint{Service: "web", Protocol: registryv1.Protocol_PROTOCOL_GRPC, Ip: b.Host(),
+		Ports: []*registryv1.Port{{Name: "grpc", Port: b.Port()}}})
+	xdsAddr := regtest.FreeAddr(t)
+	a := startCLI(t, nil, "agent", "--node", "node-a", "--region", testRegion, "--cluster", testCluster, "--zone", "z1",
+		"--registrar", r.addr(), "--drain-period", "100ms", "--endpoint", "own=127.0.0.99:1/grpc", "--xds-addr", xdsAddr)
+	cc := xdstest.Client(t, "web", xdstest.Bootstrap(xdsAddr, "proxy-1", xdstest.Locality{}))
+	xdstest.WaitSpread(t, cc, xdstest.Only(b), 10*time.Second)
+	if err := a.stop(t); err != nil {
+		t.Fatalf("agent: %v\n%s", err, a.stderr.String())
+	}
+	if c, err := net.Dial("tcp", xdsAddr); err == nil {
+		c.Close()
+		t.Fatalf("the xDS port %s still accepts after the agent stopped", xdsAddr)
 	}
 }
