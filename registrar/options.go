@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"fmt"
+	"github.com/aethermesh/aether/internal/defaults"
 	"log/slog"
 	"time"
 
@@ -111,37 +112,22 @@ func (o Options) limits() registry.Limits {
 // withDefaults fills zero fields from DefaultOptions.
 func (o Options) withDefaults() Options {
 	d := DefaultOptions()
-	set := func(p *string, v string) {
-		if *p == "" {
-			*p = v
-		}
-	}
-	setD := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	setI := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	set(&o.ClusterName, d.ClusterName)
-	set(&o.Region, d.Region)
-	set(&o.SyncMode, d.SyncMode)
-	setD(&o.SyncInterval, d.SyncInterval)
-	setD(&o.SyncDebounce, d.SyncDebounce)
-	setD(&o.WriteBatchInterval, d.WriteBatchInterval)
-	setI(&o.WriteBatchSize, d.WriteBatchSize)
-	setI(&o.WriteQueueLimit, d.WriteQueueLimit)
-	setI(&o.WatchHistory, d.WatchHistory)
-	setI(&o.WatchBuffer, d.WatchBuffer)
-	setD(&o.ProgressInterval, d.ProgressInterval)
-	setD(&o.NodeTTL, d.NodeTTL)
-	setI(&o.MaxMetadataEntries, d.MaxMetadataEntries)
-	setI(&o.MaxMetadataBytes, d.MaxMetadataBytes)
-	setI(&o.MaxEndpointsPerNode, d.MaxEndpointsPerNode)
-	setI(&o.MaxWatchServices, d.MaxWatchServices)
+	defaults.Set(&o.ClusterName, d.ClusterName)
+	defaults.Set(&o.Region, d.Region)
+	defaults.Set(&o.SyncMode, d.SyncMode)
+	defaults.Set(&o.SyncInterval, d.SyncInterval)
+	defaults.Set(&o.SyncDebounce, d.SyncDebounce)
+	defaults.Set(&o.WriteBatchInterval, d.WriteBatchInterval)
+	defaults.Set(&o.WriteBatchSize, d.WriteBatchSize)
+	defaults.Set(&o.WriteQueueLimit, d.WriteQueueLimit)
+	defaults.Set(&o.WatchHistory, d.WatchHistory)
+	defaults.Set(&o.WatchBuffer, d.WatchBuffer)
+	defaults.Set(&o.ProgressInterval, d.ProgressInterval)
+	defaults.Set(&o.NodeTTL, d.NodeTTL)
+	defaults.Set(&o.MaxMetadataEntries, d.MaxMetadataEntries)
+	defaults.Set(&o.MaxMetadataBytes, d.MaxMetadataBytes)
+	defaults.Set(&o.MaxEndpointsPerNode, d.MaxEndpointsPerNode)
+	defaults.Set(&o.MaxWatchServices, d.MaxWatchServices)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}

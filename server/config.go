@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"github.com/aethermesh/aether/internal/defaults"
 	"log/slog"
 	"strings"
 	"time"
@@ -180,31 +181,16 @@ func DefaultConfig() Config {
 // SyncMode resolves to on its backend (Launch copies back the result).
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	set := func(p *string, v string) {
-		if *p == "" {
-			*p = v
-		}
-	}
-	setD := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	setI := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	set(&c.DataDir, d.DataDir)
-	set(&c.EmbeddedEtcdAddr, d.EmbeddedEtcdAddr)
-	set(&c.EmbeddedEtcdPeerAddr, d.EmbeddedEtcdPeerAddr)
+	defaults.Set(&c.DataDir, d.DataDir)
+	defaults.Set(&c.EmbeddedEtcdAddr, d.EmbeddedEtcdAddr)
+	defaults.Set(&c.EmbeddedEtcdPeerAddr, d.EmbeddedEtcdPeerAddr)
 	grpcAddr, httpAddr := DefaultListenAddrs(c.TLSEnabled())
-	set(&c.GRPCAddr, grpcAddr)
-	set(&c.HTTPAddr, httpAddr)
-	setD(&c.ReplicationLeaseTTL, d.ReplicationLeaseTTL)
-	setD(&c.TLSReloadInterval, d.TLSReloadInterval)
-	setI(&c.MaxRecvMsgSize, d.MaxRecvMsgSize)
-	setI(&c.MaxStreamsPerIdentity, d.MaxStreamsPerIdentity)
+	defaults.Set(&c.GRPCAddr, grpcAddr)
+	defaults.Set(&c.HTTPAddr, httpAddr)
+	defaults.Set(&c.ReplicationLeaseTTL, d.ReplicationLeaseTTL)
+	defaults.Set(&c.TLSReloadInterval, d.TLSReloadInterval)
+	defaults.Set(&c.MaxRecvMsgSize, d.MaxRecvMsgSize)
+	defaults.Set(&c.MaxStreamsPerIdentity, d.MaxStreamsPerIdentity)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
