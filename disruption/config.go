@@ -2,6 +2,7 @@ package disruption
 
 import (
 	"fmt"
+	"github.com/aethermesh/aether/internal/defaults"
 	"io"
 	"log/slog"
 	"time"
@@ -63,30 +64,18 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	defI := func(p *int, v int) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	defD := func(p *time.Duration, v time.Duration) {
-		if *p == 0 {
-			*p = v
-		}
-	}
-	if c.SyncMode == "" {
-		c.SyncMode = registrar.SyncWatch
-	}
-	defD(&c.SyncInterval, registrar.DefaultOptions().SyncInterval)
-	defI(&c.EndpointsPerService, 2)
-	defI(&c.Clients, 3)
-	defI(&c.ResolversPerClient, 2)
-	defD(&c.Quiet, 750*time.Millisecond)
-	defD(&c.ReadyDelay, 100*time.Millisecond)
-	defD(&c.DrainPeriod, time.Second)
-	defD(&c.Downtime, c.Quiet/2)
-	defI(&c.Storms, 3)
-	defI(&c.ChurnRolls, 2)
-	defD(&c.PropagateTimeout, max(15*time.Second, 3*c.SyncInterval))
+	defaults.Set(&c.SyncMode, registrar.SyncWatch)
+	defaults.Set(&c.SyncInterval, registrar.DefaultOptions().SyncInterval)
+	defaults.Set(&c.EndpointsPerService, 2)
+	defaults.Set(&c.Clients, 3)
+	defaults.Set(&c.ResolversPerClient, 2)
+	defaults.Set(&c.Quiet, 750*time.Millisecond)
+	defaults.Set(&c.ReadyDelay, 100*time.Millisecond)
+	defaults.Set(&c.DrainPeriod, time.Second)
+	defaults.Set(&c.Downtime, c.Quiet/2)
+	defaults.Set(&c.Storms, 3)
+	defaults.Set(&c.ChurnRolls, 2)
+	defaults.Set(&c.PropagateTimeout, max(15*time.Second, 3*c.SyncInterval))
 	if c.Logger == nil {
 		c.Logger = discard()
 	}
