@@ -56,6 +56,8 @@ type XDSResult struct {
 	// RPC: bootstrap, ADS stream, LDS, RDS, CDS, EDS, connect.
 	ConnectMs float64   `json:"first_channel_rpc_ms"`
 	FirstRPC  Latencies `json:"register_to_first_rpc"`
+	// Fanout is the ADS-versus-WatchEndpoints comparison, when run.
+	Fanout *XDSFanoutResult `json:"fanout,omitempty"`
 }
 
 func (r XDSResult) String() string {
@@ -74,6 +76,21 @@ func runXDS(ctx context.Context, o Options, r *Report, w io.Writer) error {
 		return fmt.Errorf("xds: %w", err)
 	}
 	fmt.Fprintf(w, "  %s\n", res)
+	fc := XDSFanoutConfig{Clients: 1000, Services: 200, PerClient: 20, Rate: 100, Duration: 10 * time.Second, Conns: 32}
+	if o.Quick {
+		fc.Clients, fc.Duration = 100, 3*time.Second
+	}
+	fmt.Fprintf(w, "xds fan-out: %d raw ADS streams, then %d WatchEndpoints streams, each on %d of %d services, %d registrations/s for %v...\n",
+		fc.Clients, fc.Clients, fc.PerClient, fc.Services, fc.Rate, fc.Duration)
+	fr, err := XDSFanout(ctx, fc, o.AetherBin, w)
+	if err != nil {
+		return fmt.Errorf("xds fan-out: %w", err)
+	}
+	for _, p := range []XDSFanoutPath{fr.XDS, fr.Native} {
+		fmt.Fprintf(w, "  %s: %.0f registrations/s, %d messages, %d/%d deliveries, p50 %.2f ms, p99 %.2f ms, registrar %.2f cores, peak RSS %.0f MiB, harness %.2f cores\n",
+			p.Path, p.RatePerSec, p.Messages, p.Delivered, p.Expected, p.Latency.P50, p.Latency.P99, p.CPUCores, p.PeakRSSMiB, p.HarnessCores)
+	}
+	res.Fanout = &fr
 	r.XDS = &res
 	return nil
 }
@@ -365,4 +382,22 @@ func (r Report) xdsMarkdown(b *strings.Builder) {
 		fmt.Fprintf(b, "\n**Goal** (issue 14): p99 under 100 ms at the design churn of 100 changes/s: %s (%.2f ms).\n", verdict, x.FirstRPC.P99)
 	}
 	fmt.Fprintf(b, "\nThe channel's own first RPC (bootstrap, ADS stream, LDS, RDS, CDS, EDS, connect) took %.1f ms.\n", x.ConnectMs)
+	if f := x.Fanout; f != nil {
+		c := f.Config
+		fmt.Fprintf(b, "\n**Fan-out.** One registrar process (with `--xds-addr`) on an etcd process; %d streams over %d connections, each subscribed to %d of %d services; %d registrations/s for %v, each timed from just before its RegisterEndpoint call to each subscribed stream's first sight of the endpoint. Once as raw ADS streams asking for the services' EDS (state of the world, every response ACKed, changed ClusterLoadAssignments decoded), once as WatchEndpoints streams, each in a fresh world. Registrar CPU is its own process's, per second of churn.\n\n", c.Clients, c.Conns, c.PerClient, c.Services, c.Rate, c.Duration)
+		b.WriteString("| path | streams | registrations achieved | deliveries | p50 | p99 | max | registrar CPU | CPU per registration | registrar peak RSS | harness CPU | messages received |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		perChange := func(p XDSFanoutPath) float64 { return 1000 * p.CPUCores / max(p.RatePerSec, 1e-9) }
+		for _, p := range []XDSFanoutPath{f.XDS, f.Native} {
+			rate := fmt.Sprintf("%.0f/s", p.RatePerSec)
+			if p.RatePerSec < 0.9*float64(c.Rate) {
+				rate += " (**saturated**: below the target)"
+			}
+			fmt.Fprintf(b, "| %s | %d | %s | %d of %d | %.2f ms | %.2f ms | %.2f ms | %.2f cores | %.2f ms | %.0f MiB | %.2f cores | %d |\n",
+				p.Path, c.Clients, rate, p.Delivered, p.Expected, p.Latency.P50, p.Latency.P99, p.Latency.Max, p.CPUCores, perChange(p), p.PeakRSSMiB, p.HarnessCores, p.Messages)
+		}
+		if f.Native.CPUCores > 0 && f.Native.Latency.P99 > 0 {
+			fmt.Fprintf(b, "\nxDS against native: %.1f× the registrar CPU per registration, %.1f× the p99 (issue 14's goal: at most 1.5×; it asks 1k, 5k and 10k clients, this machine ran %d). The harness, which decodes every stream's deliveries, shares this machine's cores with the registrar and etcd.\n",
+				perChange(f.XDS)/perChange(f.Native), f.XDS.Latency.P99/f.Native.Latency.P99, c.Clients)
+		}
+	}
 }

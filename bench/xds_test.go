@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,5 +40,22 @@ func TestXDSQuickRun(t *testing.T) {
 	b, _ := os.ReadFile(path)
 	if doc := string(b); !strings.Contains(doc, xdsBeginMark) || !strings.Contains(doc, "| 5 | ") {
 		t.Fatalf("section not rendered:\n%s", doc)
+	}
+}
+
+// TestXDSFanoutQuickRun runs the fan-out comparison at a tiny size: every
+// expected delivery arrives on both paths, with positive latencies.
+func TestXDSFanoutQuickRun(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	res, err := XDSFanout(ctx, XDSFanoutConfig{Clients: 10, Services: 20, PerClient: 4, Rate: 50, Duration: time.Second, Conns: 2}, "", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []XDSFanoutPath{res.XDS, res.Native} {
+		t.Logf("%+v", p)
+		if p.Expected == 0 || p.Delivered != p.Expected || p.Latency.N != int(p.Expected) || p.Latency.P50 <= 0 || p.CPUCores <= 0 {
+			t.Errorf("%s: implausible %+v", p.Path, p)
+		}
 	}
 }
