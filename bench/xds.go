@@ -396,7 +396,7 @@ func (r Report) xdsMarkdown(b *strings.Builder) {
 				p.Path, c.Clients, rate, p.Delivered, p.Expected, p.Latency.P50, p.Latency.P99, p.Latency.Max, p.CPUCores, perChange(p), p.PeakRSSMiB, p.HarnessCores, p.Messages)
 		}
 		if f.Native.CPUCores > 0 && f.Native.Latency.P99 > 0 {
-			fmt.Fprintf(b, "\nxDS against native: %.1f× the registrar CPU per registration, %.1f× the p99 (issue 14's goal: at most 1.5×; it asks 1k, 5k and 10k clients, this machine ran %d). The harness, which decodes every stream's deliveries, shares this machine's cores with the registrar and etcd.\n",
+			fmt.Fprintf(b, "\nxDS against native: %.1f× the registrar CPU per registration, %.1f× the p99 (issue 14's goal: at most 1.5×; it asks 1k, 5k and 10k clients, this machine ran %d). The harness, which decodes every stream's deliveries, shares this machine's cores with the registrar and etcd. Why, from the mechanism (xds/feed.go): a state-of-the-world EDS version is one per snapshot, so every endpoint change re-sends each SotW stream all its load assignments, whether or not one of its services changed; the messages column counts those pushes, against one event per delivery on the native stream. Per-resource versions (or delta xDS, which compares per-resource hashes) are the remedy the feed names.\n",
 				perChange(f.XDS)/perChange(f.Native), f.XDS.Latency.P99/f.Native.Latency.P99, c.Clients)
 		}
 	}
