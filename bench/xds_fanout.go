@@ -23,12 +23,12 @@ import (
 
 // XDSFanoutConfig sizes the xDS fan-out comparison.
 type XDSFanoutConfig struct {
-	Clients   int           // streams, each subscribed to PerClient services
-	Services  int           // services in the registry
-	PerClient int           // services each stream subscribes to
-	Rate      int           // registrations per second during the run
-	Duration  time.Duration // of the churn
-	Conns     int           // gRPC connections the streams share
+	Clients   int           `json:"streams"`      // each subscribed to PerClient services
+	Services  int           `json:"services"`     // in the registry
+	PerClient int           `json:"per_stream"`   // services each stream subscribes to
+	Rate      int           `json:"rate_per_sec"` // registrations per second asked for
+	Duration  time.Duration `json:"duration_ns"`  // of the churn
+	Conns     int           `json:"conns"`        // gRPC connections the streams share
 }
 
 // XDSFanoutPath is one delivery path's figures.
