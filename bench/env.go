@@ -28,7 +28,18 @@ type env struct {
 	conns      []*grpc.ClientConn
 }
 
-func newEnv(ctx context.Context, replicas int, mut func(*registrar.Options)) (_ *env, err error) {
+func newEnv(ctx context.Context, replicas int, mut func(*registrar.Options)) (*env, error) {
+	return newEnvWith(ctx, replicas, func(c *server.Config) {
+		if mut != nil {
+			mut(&c.Options) // the workloads tune only the replica
+		}
+	})
+}
+
+// newEnvWith is newEnv for a scenario that configures the registrar
+// process itself (its listeners), not only the replica: mut sees each
+// registrar's whole server.Config before it starts.
+func newEnvWith(ctx context.Context, replicas int, mut func(*server.Config)) (_ *env, err error) {
 	dir, err := os.MkdirTemp("", "aether-bench-")
 	if err != nil {
 		return nil, err
@@ -58,7 +69,7 @@ func newEnv(ctx context.Context, replicas int, mut func(*registrar.Options)) (_ 
 			Options:       registrar.Options{Logger: quiet},
 		}
 		if mut != nil {
-			mut(&o.Options) // the workloads tune only the replica
+			mut(&o)
 		}
 		s, err := server.Start(ctx, o)
 		if err != nil {

@@ -38,7 +38,7 @@ const (
 )
 
 // Scenarios lists every scenario group in the order Run runs them.
-var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption}
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS}
 
 // selected reports which groups o asks for, or an error naming an unknown one.
 func (o Options) selected() (map[string]bool, error) {
@@ -74,6 +74,7 @@ type Report struct {
 	Fanout      *FanoutResult       `json:"fanout,omitempty"`
 	Compare     *CompareResult      `json:"fanout_compare,omitempty"`
 	Disruption  *DisruptionResult   `json:"disruption,omitempty"`
+	XDS         *XDSResult          `json:"xds,omitempty"`
 }
 
 // Run runs the selected scenarios in turn, printing progress to w.
@@ -118,6 +119,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioDisruption] {
 		if err := runDisruption(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioXDS] {
+		if err := runXDS(ctx, o, &r, w); err != nil {
 			return r, err
 		}
 	}
@@ -211,6 +217,9 @@ func (r Report) sections() []section {
 	out = append(out, r.fanoutSections()...)
 	if r.Disruption != nil {
 		out = append(out, section{disrBeginMark, disrEndMark, r.disruptionMarkdown})
+	}
+	if r.XDS != nil {
+		out = append(out, section{xdsBeginMark, xdsEndMark, r.xdsMarkdown})
 	}
 	return out
 }
