@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/internal/testutil/xdstest"
 )
 
@@ -108,6 +110,19 @@ func TestAgentServesXDS(t *testing.T) {
 		"--registrar", r.addr(), "--drain-period", "100ms", "--endpoint", "own=127.0.0.99:1/grpc", "--xds-addr", xdsAddr)
 	cc := xdstest.Client(t, "web", xdstest.Bootstrap(xdsAddr, "proxy-1", xdstest.Locality{}))
 	xdstest.WaitSpread(t, cc, xdstest.Only(b), 10*time.Second)
+	// xDS serves from the cache before the agent has announced its node;
+	// stopping it in the middle of that announce ends it with the
+	// announce's context error, so stop it once it runs.
+	rc := regtest.Dial(t, r.addr())
+	wait.For(t, "the agent to announce node-a", 10*time.Second, func() bool {
+		resp, _ := rc.ListNodes(t.Context(), &registrarv1.ListNodesRequest{})
+		for _, n := range resp.GetNodes() {
+			if n.GetNode().GetName() == "node-a" {
+				return true
+			}
+		}
+		return false
+	})
 	if err := a.stop(t); err != nil {
 		t.Fatalf("agent: %v\n%s", err, a.stderr.String())
 	}
