@@ -118,7 +118,7 @@ func (r *Registrar) Subscribe(services []string, fromVersion string) (*Subscript
 	if max := r.opts.MaxWatchServices; len(f) > max {
 		return nil, &ServiceLimitError{Services: len(f), Limit: max}
 	}
-	from, err := parseVersion(fromVersion)
+	from, err := replica.ParseVersion(fromVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -133,7 +133,7 @@ func (r *Registrar) Subscribe(services []string, fromVersion string) (*Subscript
 		r.metrics.delivered(registrarv1.EndpointEvent_FULL_SNAPSHOT, 1)
 	}
 	start := SubscriptionStart{Resumed: sub.resumed, Snapshot: sub.snapshot, Missed: sub.missed,
-		At: registry.Position{Epoch: sub.at.epoch, Seq: sub.at.seq}}
+		At: sub.at}
 	return replica.NewSubscription(start, &source{r: r, w: sub.w}), nil
 }
 
@@ -144,7 +144,7 @@ type subscription struct {
 	snapshot []*registryv1.ServiceEndpoint // when resumed is false
 	missed   []*registrarv1.EndpointEvent  // when resumed is true
 	resumed  bool
-	at       version
+	at       registry.Position
 }
 
 // subscribe registers a stream. Resuming from a token of this incarnation
@@ -154,16 +154,16 @@ type subscription struct {
 // Once the registrar is shutting down it refuses: under the lock, so a
 // stream either sees closing here or is added before endSubscriptions
 // takes the lock and cuts it.
-func (r *Registrar) subscribe(f filter, from version) (*subscription, error) {
+func (r *Registrar) subscribe(f filter, from registry.Position) (*subscription, error) {
 	w := newWatcher(f, r.opts.WatchBuffer)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ShuttingDown() {
 		return nil, ErrShuttingDown
 	}
-	sub := &subscription{w: w, at: versionOf(r.st.Version())}
-	if from.epoch == r.st.Epoch() {
-		sub.missed, sub.resumed = r.st.Since(from.seq, core.Filter(f))
+	sub := &subscription{w: w, at: r.st.Version()}
+	if from.Epoch == r.st.Epoch() {
+		sub.missed, sub.resumed = r.st.Since(from.Seq, core.Filter(f))
 	}
 	if !sub.resumed {
 		sub.snapshot, _ = r.st.Snapshot(core.Filter(f))
@@ -232,7 +232,7 @@ func (r *Registrar) updateFilter(w *watcher, add, remove filter, max int) (n int
 	eps, seq := r.st.Snapshot(core.Filter(only))
 	r.hub.send(w, []*registrarv1.EndpointEvent{{
 		Type:      registrarv1.EndpointEvent_SERVICES_SNAPSHOT,
-		Version:   version{epoch: r.st.Epoch(), seq: seq}.String(),
+		Version:   registry.Position{Epoch: r.st.Epoch(), Seq: seq}.String(),
 		Epoch:     r.st.Epoch(),
 		Sequence:  seq,
 		Services:  added,

@@ -251,7 +251,7 @@ func (r *Registrar) RegisterChecked(ep *registryv1.ServiceEndpoint, check WriteC
 		}
 	}
 	stored, eff, err := r.st.Register(norm, r.now())
-	v := versionOf(r.st.Version()).String()
+	v := r.st.Version().String()
 	r.act(eff)
 	r.mu.Unlock()
 	if err != nil {
@@ -331,7 +331,7 @@ func (r *Registrar) change(id registry.EndpointID, check WriteCheck, fn func(*co
 		}
 	}
 	ep, eff, err := fn(r.st, id)
-	v := versionOf(r.st.Version()).String()
+	v := r.st.Version().String()
 	r.act(eff)
 	r.mu.Unlock()
 	if err != nil {
@@ -393,7 +393,7 @@ func (r *Registrar) List(services []string) ([]*registryv1.ServiceEndpoint, stri
 	r.mu.Lock()
 	eps, seq := r.st.Snapshot(core.Filter(f))
 	r.mu.Unlock()
-	return eps, version{epoch: r.st.Epoch(), seq: seq}.String(), nil
+	return eps, registry.Position{Epoch: r.st.Epoch(), Seq: seq}.String(), nil
 }
 
 func (r *Registrar) list(ctx context.Context) (backend.Listing, error) {

@@ -1,10 +1,12 @@
 package registrar
 
 import (
+	"errors"
 	"testing"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/registrar/replica"
 )
 
 // take is what a stream's sender does: wait for the token, take a batch.
@@ -70,16 +72,16 @@ func TestHubFilterEvictProgress(t *testing.T) {
 }
 
 func TestParseVersion(t *testing.T) {
-	v, err := parseVersion("abc:42")
-	if err != nil || v.epoch != "abc" || v.seq != 42 {
+	v, err := replica.ParseVersion("abc:42")
+	if err != nil || v.Epoch != "abc" || v.Seq != 42 {
 		t.Fatalf("%v %v", v, err)
 	}
 	for _, bad := range []string{"42", "abc:", ":4", "abc:-1", "abc:x"} {
-		if _, err := parseVersion(bad); err == nil {
-			t.Errorf("parseVersion(%q) accepted", bad)
+		if _, err := replica.ParseVersion(bad); !errors.Is(err, replica.ErrBadVersion) {
+			t.Errorf("ParseVersion(%q): %v, want ErrBadVersion", bad, err)
 		}
 	}
-	if v, err := parseVersion(""); err != nil || v != (version{}) {
+	if v, err := replica.ParseVersion(""); err != nil || !v.IsZero() {
 		t.Fatalf("empty: %v %v", v, err)
 	}
 }
