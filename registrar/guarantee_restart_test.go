@@ -90,6 +90,9 @@ func testRestart(t *testing.T, backend func(*server.Config)) {
 		t.Fatalf("a writer failed otherwise than by the registrar going away: %v", err)
 	}
 	for _, r := range append(old, ref1) {
+		// The server has ended the stream once Close returns; the client's
+		// Recv learns it a moment later, on its own goroutine.
+		waitFor(t, "stream "+r.Name+" of the stopped registrar ends", 10*time.Second, func() bool { done, _ := r.Ended(); return done })
 		if done, err := r.Ended(); !done || status.Code(err) != codes.Unavailable {
 			t.Fatalf("stream %s of the stopped registrar: ended %v with %v, want UNAVAILABLE", r.Name, done, err)
 		}
