@@ -5,10 +5,15 @@ package agent_test
 // real grpc-go xDS client.
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"log/slog"
 	"maps"
 	"net"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -205,5 +210,64 @@ func TestAgentXDSServesMutualTLS(t *testing.T) {
 	}
 	if got, err := adsClusters(xdsAddr, credentials.NewTLS(withCert), "web"); err != nil || !slices.Equal(got, []string{"web"}) {
 		t.Fatalf("a client with a node certificate: %v, %v; want cluster web", got, err)
+	}
+}
+
+// syncBuffer is a log sink the agent's goroutines may write while the
+// test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A plaintext xDS port off loopback is served with a warning, as the
+// registrar warns of its plaintext ports; on loopback, or with TLS, it is
+// not.
+func TestAgentWarnsOfPlaintextXDSOffLoopback(t *testing.T) {
+	m := meshtest.New(t, "example.org")
+	tlsCfg, rl, err := pki.ServerTLSConfig(m.ServerCert, m.ServerKey, "", false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rl.Close() })
+	for _, tc := range []struct {
+		name, addr string
+		tls        *tls.Config
+		warn       bool
+	}{
+		{"loopback plaintext", "127.0.0.1:0", nil, false},
+		{"every interface plaintext", "0.0.0.0:0", nil, true},
+		{"every interface TLS", "0.0.0.0:0", tlsCfg, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs syncBuffer
+			a, err := agent.New(agent.Config{
+				Node: "n1", Registrars: []string{regtest.FreeAddr(t)}, XDSAddr: tc.addr, XDSTLS: tc.tls,
+				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The warning is New's (where the port is bound); a Run that
+			// is over at once releases the port and the client.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			_ = a.Run(ctx)
+			if got := strings.Contains(logs.String(), "PLAINTEXT xDS on a non-loopback address"); got != tc.warn {
+				t.Fatalf("warned %v, want %v; logs:\n%s", got, tc.warn, logs.String())
+			}
+		})
 	}
 }
