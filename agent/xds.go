@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/client"
@@ -136,7 +137,13 @@ func (x *xdsPlane) wake(ch chan struct{}) {
 func (x *xdsPlane) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel = cancel
-	var opts []grpc.ServerOption
+	// Keepalive as on the registrar's xDS port: pings every 5s are
+	// allowed (proxies keep idle ADS streams alive), and a proxy gone
+	// without a FIN is found within 40s, its stream (and demand) closed.
+	opts := []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
 	if x.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(x.tls)))
 	}
