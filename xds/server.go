@@ -14,6 +14,7 @@ import (
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	sotw "github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -79,7 +80,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{feed: feed, log: cfg.Logger, m: m, status: newTracker(), dmd: newDemand(cfg.Demand), open: map[int64]prometheus.Gauge{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.xds = serverv3.NewServer(s.ctx, feed.Cache(), s.callbacks())
+	// Ordered ADS: a state-of-the-world ADS stream sends its responses in
+	// the order the caches answered them (one FIFO for all types), which
+	// is the order the feed writes them in (Feed: endpoints before the
+	// Cluster that needs them). Without it each type has a channel of its
+	// own and the stream picks among the ready ones at random.
+	s.xds = serverv3.NewServer(s.ctx, feed.Cache(), s.callbacks(), sotw.WithOrderedADS())
 	return s, nil
 }
 
