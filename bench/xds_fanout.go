@@ -50,6 +50,9 @@ func (p fanPath) String() string {
 	return "native (WatchEndpoints)"
 }
 
+// tag names the path in profile file names.
+func (p fanPath) tag() string { return [...]string{"sotw", "delta", "native"}[p] }
+
 // XDSFanoutPath is one delivery path's figures.
 type XDSFanoutPath struct {
 	Path    string `json:"path"`
@@ -308,6 +311,10 @@ func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, path fanPat
 		return p, err
 	}
 	self0, msgs0 := selfStats(), msgs.Load()
+	// With $AETHER_BENCH_PROFILE, CPU profiles of the registrar and of the
+	// harness over the churn (the registrar runs with --enable-pprof then).
+	prof := startProfiles(ctx, fmt.Sprintf("xds-%d-%s", cfg.Clients, path.tag()),
+		0, cfg.Duration, map[string]string{"registrar": "http://" + reg.httpAddr})
 	start := time.Now()
 	t := time.NewTicker(time.Second / time.Duration(cfg.Rate))
 	for k := 0; time.Since(start) < cfg.Duration; k++ {
@@ -325,6 +332,7 @@ func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, path fanPat
 	}
 	t.Stop()
 	elapsed := time.Since(start)
+	prof.stop(io.Discard)
 	waitDeliveries(ctx, 10*time.Second, func() bool { return delivered.Load() >= p.Expected })
 	after, err := reg.stats()
 	if err != nil {

@@ -33,8 +33,8 @@ type Source interface {
 	Subscribe(services []string, fromVersion string) (*replica.Subscription, error)
 }
 
-// DefaultMaxLocalities bounds the consumer localities the feed keeps a
-// snapshot for (see FeedConfig.MaxLocalities).
+// DefaultMaxLocalities bounds the consumer localities the feed keeps an
+// EDS cache for (see FeedConfig.MaxLocalities).
 const DefaultMaxLocalities = 64
 
 // FeedConfig configures a Feed.
@@ -46,10 +46,10 @@ type FeedConfig struct {
 	// Own is the locality of a node that sends none in its xDS Node
 	// (neither region nor zone): the locality of the process serving it.
 	Own Locality
-	// MaxLocalities bounds the snapshots kept, one per consumer locality:
+	// MaxLocalities bounds the EDS caches kept, one per consumer locality:
 	// a node's locality is what it claims, so without a bound any client
-	// could make the feed build and keep snapshots without end. A node of
-	// a locality beyond the bound is served the snapshot of Own (and a
+	// could make the feed build and keep caches without end. A node of
+	// a locality beyond the bound is served the cache of Own (and a
 	// warning is logged once per locality). Zero means
 	// DefaultMaxLocalities.
 	MaxLocalities int
@@ -209,7 +209,7 @@ func (f *Feed) Cache() cachev3.Cache { return f.cache }
 
 // Start runs the feed's goroutine until Close: subscribe to all services,
 // apply the start and every batch, rebuild the changed services'
-// resources, set the snapshots; on a cut, resume from the last version.
+// resources, update the caches; on a cut, resume from the last version.
 func (f *Feed) Start() {
 	if f.cfg.Source == nil {
 		return // fed by Apply
@@ -223,7 +223,7 @@ func (f *Feed) Start() {
 }
 
 // Close stops the feed and waits for its goroutine. The cache keeps the
-// last snapshots, so connected clients keep their configuration.
+// last resources, so connected clients keep their configuration.
 func (f *Feed) Close() {
 	if f.stop == nil {
 		return
@@ -238,7 +238,7 @@ func (f *Feed) run(ctx context.Context) {
 		sub, err := f.cfg.Source.Subscribe(nil, last)
 		if err != nil {
 			// ErrNotReady before the registrar has loaded, ErrShuttingDown
-			// as it stops: the last snapshots stay served meanwhile.
+			// as it stops: the last resources stay served meanwhile.
 			f.log.Debug("xds feed: subscribe failed, retrying", "err", err, "attempt", attempt)
 			retry.Sleep(ctx, f.cfg.Backoff.Ceiling(attempt), nil)
 			attempt++
@@ -281,9 +281,9 @@ func (f *Feed) run(ctx context.Context) {
 // Source. ADDED and UPDATED put the endpoint, REMOVED drops it, and the
 // services touched are rebuilt once for the batch, so a caller that
 // gathers what arrived while the last Apply ran pays one rebuild for it.
-// The first call marks the feed loaded and sets the snapshots even when
-// the batch is empty, so clients waiting for a first configuration get
-// one.
+// The first call marks the feed loaded and releases the watches held
+// until then even when the batch is empty, so clients waiting for a
+// first configuration get one.
 func (f *Feed) Apply(batch []*registrarv1.EndpointEvent) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -645,7 +645,7 @@ func (c *feedCache) of(typeURL string, n *corev3.Node) *cachev3.LinearCache {
 }
 
 // CreateWatch opens a state-of-the-world watch. A type the feed does not
-// serve gets a watch that never answers, as the SnapshotCache did: the
+// serve gets a watch that never answers (as a SnapshotCache does): the
 // stream stays up for the types it does serve.
 func (c *feedCache) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out chan cachev3.Response) (func(), error) {
 	lc := c.of(req.GetTypeUrl(), req.GetNode())
@@ -699,10 +699,18 @@ func (c *feedCache) Fetch(context.Context, *cachev3.Request) (cachev3.Response, 
 }
 
 // cacheLogger sends go-control-plane's log lines to slog; its debug and
-// info lines are per watch, so both go to Debug.
+// info lines are per watch, so both go to Debug, and are formatted only
+// when Debug is on: the LinearCache logs every watch it opens with its
+// names and versions, under its lock, at every stream's every ACK.
 type cacheLogger struct{ l *slog.Logger }
 
-func (c cacheLogger) Debugf(format string, args ...any) { c.l.Debug(fmt.Sprintf(format, args...)) }
-func (c cacheLogger) Infof(format string, args ...any)  { c.l.Debug(fmt.Sprintf(format, args...)) }
+func (c cacheLogger) debug(format string, args []any) {
+	if c.l.Enabled(context.Background(), slog.LevelDebug) {
+		c.l.Debug(fmt.Sprintf(format, args...))
+	}
+}
+
+func (c cacheLogger) Debugf(format string, args ...any) { c.debug(format, args) }
+func (c cacheLogger) Infof(format string, args ...any)  { c.debug(format, args) }
 func (c cacheLogger) Warnf(format string, args ...any)  { c.l.Warn(fmt.Sprintf(format, args...)) }
 func (c cacheLogger) Errorf(format string, args ...any) { c.l.Error(fmt.Sprintf(format, args...)) }

@@ -30,7 +30,7 @@ type Config struct {
 	// Locality is the serving process's own (its region and zone): a node
 	// that sends no locality in its xDS Node is served as if it were here.
 	Locality Locality
-	// MaxLocalities bounds the per-locality snapshots (FeedConfig).
+	// MaxLocalities bounds the per-locality EDS caches (FeedConfig).
 	MaxLocalities int
 	Logger        *slog.Logger
 	// Registerer takes the xds_ metrics; nil registers none.
@@ -93,7 +93,7 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Feed() *Feed { return s.feed }
 
 // Start starts the feed. A server serves before it (clients' watches wait
-// for the first snapshot), so the listener can be bound first and the
+// for the feed's first start), so the listener can be bound first and the
 // feed started once the registrar has loaded.
 func (s *Server) Start() { s.feed.Start() }
 

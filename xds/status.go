@@ -25,7 +25,7 @@ const (
 	// running on the version it last accepted (AckedVersion).
 	NACKed State = "NACKED"
 	// NotSent: the client asked for the type and was sent nothing yet
-	// (its watch waits for the first snapshot, or for the names it asks
+	// (its watch waits for the feed's first start, or for the names it asks
 	// for to exist).
 	NotSent State = "NOT_SENT"
 )
