@@ -410,11 +410,11 @@ func xdsFanoutMarkdown(b *strings.Builder, rs []XDSFanoutResult) {
 	c := rs[0].Config
 	fmt.Fprintf(b, "\n**Fan-out.** One registrar process (with `--xds-addr`) on an etcd process; at each size, that many streams over (streams/50) gRPC connections, each subscribed to %d of %d services (each service preloaded with one endpoint); %d registrations/s for %v (open loop, each waiting for its RegisterEndpoint), each timed from just before its RegisterEndpoint call to each subscribed stream's first sight of the endpoint. Three paths, each in a fresh world: raw ADS streams asking for the services' EDS in state of the world (every response ACKed, changed ClusterLoadAssignments decoded), the same in delta xDS, and WatchEndpoints streams. Registrar CPU is its own process's (from /proc), per second of churn; peak RSS is its VmHWM, setup included. The harness, which decodes every stream's deliveries, shares the machine's 2 cores with the registrar and etcd.\n\n",
 		c.PerClient, c.Services, c.Rate, c.Duration)
-	b.WriteString("| streams | path | setup | registrations achieved | deliveries | p50 | p99 | max | registrar CPU | CPU per registration | registrar peak RSS | harness CPU | messages received |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| streams | path | setup | registrations achieved | deliveries | p50 | p99 | max | registrar CPU | CPU per registration | registrar peak RSS | harness CPU | messages received | machine load |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		for _, p := range []XDSFanoutPath{r.XDS, r.Delta, r.Native} {
 			if p.Error != "" && p.Changes == 0 {
-				fmt.Fprintf(b, "| %d | %s | %s |  |  |  |  |  |  |  |  |  |  |\n", r.Config.Clients, p.Path, mdCell(p.Error))
+				fmt.Fprintf(b, "| %d | %s | %s |  |  |  |  |  |  |  |  |  |  |  |\n", r.Config.Clients, p.Path, mdCell(p.Error))
 				continue
 			}
 			rate := fmt.Sprintf("%.0f/s", p.RatePerSec)
@@ -424,9 +424,9 @@ func xdsFanoutMarkdown(b *strings.Builder, rs []XDSFanoutResult) {
 			if p.Error != "" {
 				rate += " (**failed**: " + mdCell(p.Error) + ")"
 			}
-			fmt.Fprintf(b, "| %d | %s | %.1f s | %s | %d of %d | %.2f ms | %.2f ms | %.2f ms | %.2f cores | %.2f ms | %.0f MiB | %.2f cores | %d |\n",
+			fmt.Fprintf(b, "| %d | %s | %.1f s | %s | %d of %d | %.2f ms | %.2f ms | %.2f ms | %.2f cores | %.2f ms | %.0f MiB | %.2f cores | %d | %.1f |\n",
 				r.Config.Clients, p.Path, p.SetupSec, rate, p.Delivered, p.Expected, p.Latency.P50, p.Latency.P99, p.Latency.Max,
-				p.CPUCores, p.cpuPerChange(), p.PeakRSSMiB, p.HarnessCores, p.Messages)
+				p.CPUCores, p.cpuPerChange(), p.PeakRSSMiB, p.HarnessCores, p.Messages, p.LoadAvg)
 		}
 	}
 	b.WriteString("\nAgainst the native stream at the same size (issue 14's goal: xDS costs at most 1.5× the native stream; judged here on registrar CPU per registration and peak RSS, with the p99 beside them):\n\n")
@@ -446,7 +446,8 @@ func xdsFanoutMarkdown(b *strings.Builder, rs []XDSFanoutResult) {
 			fmt.Fprintf(b, "| %d | %s | %.2f× | %.2f× | %.2f× | %s |\n", r.Config.Clients, p.Path, cpu, rss, p99, verdict)
 		}
 	}
-	b.WriteString("\nWhy xDS can now track the native stream (xds/feed.go): resources are versioned one by one (go-control-plane LinearCaches, the load assignments one cache per consumer locality), so a registration wakes only the streams watching its service and sends them that service's ClusterLoadAssignment alone; the messages column counts those pushes, against one event per delivery on the native stream. The run of 2026-12-01 with one version per snapshot (every change re-sent every state-of-the-world stream all its load assignments) measured, at 1k streams each on 20 of 200 services, 27.8× the native stream's CPU per registration and 122.9× its p99.\n")
+	b.WriteString("\n*Machine load* is the 1-minute load average as the churn began: above 2 the cores were shared with other work (other processes on the machine), which then weighs on every figure of that row.\n")
+	b.WriteString("\nWhat changed, and what it costs still (xds/feed.go; from the mechanism and from CPU profiles of the registrar, `AETHER_BENCH_PROFILE`): resources are versioned one by one (go-control-plane LinearCaches, the load assignments one cache per consumer locality), so a registration wakes only the streams watching its service and sends them that service's ClusterLoadAssignment alone: the messages column is one per delivery, as on the native stream. The run of 2026-12-01 with one version per snapshot (every change re-sent every state-of-the-world stream all its load assignments) measured, at 1k streams each on 20 of 200 services, 27.8× the native stream's CPU per registration and 122.9× its p99. What remains is the cost of each delivery, which grows with the streams watching a service where the native stream's hardly does (it encodes an event once for all its streams): an xDS delivery is a response marshalled for its stream and an ACK back, and go-control-plane answers each ACK by closing the stream's watch and opening a new one, re-registered on every name the stream watches (20 here) in the cache's maps under the cache's lock, and each change computes a response per woken watch over those names; in the profiles of 5k state-of-the-world streams, go-control-plane's stream loop is about 40% of the registrar's CPU, the cache's notifications 12%, garbage collection most of the rest, the feed's own callbacks (status, metrics) about 5%.\n")
 }
 
 // mdCell makes text safe inside a markdown table cell.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,6 +76,10 @@ type XDSFanoutPath struct {
 	// SetupSec is from the first stream opening to every stream holding
 	// its first answer.
 	SetupSec float64 `json:"setup_sec"`
+	// LoadAvg is the machine's 1-minute load average as the churn began:
+	// the machine's 2 cores may be shared with other work, which the
+	// figures then include.
+	LoadAvg float64 `json:"loadavg_1m"`
 	// Error is why the path did not complete at this size (then its
 	// figures are not to be read), or why it was not run.
 	Error string `json:"error,omitempty"`
@@ -311,6 +316,7 @@ func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, path fanPat
 		return p, err
 	}
 	self0, msgs0 := selfStats(), msgs.Load()
+	p.LoadAvg = loadAvg()
 	// With $AETHER_BENCH_PROFILE, CPU profiles of the registrar and of the
 	// harness over the churn (the registrar runs with --enable-pprof then).
 	prof := startProfiles(ctx, fmt.Sprintf("xds-%d-%s", cfg.Clients, path.tag()),
@@ -476,4 +482,16 @@ func preloadServices(ctx context.Context, writer registrarv1.RegistrarClient, se
 	wg.Wait()
 	close(errs)
 	return <-errs // nil when none failed
+}
+
+// loadAvg is the 1-minute load average from /proc/loadavg (0 where there
+// is none).
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var l float64
+	fmt.Sscan(string(b), &l)
+	return l
 }
