@@ -18,7 +18,7 @@ type Applied struct {
 	Encoded []byte
 	Index   uint64
 	Rev     int64           // 0 when the change does not touch keys
-	Events  []*mvccpb.Event // Kv.ModRevision == Rev; PrevKv filled when a previous value existed
+	Events  []*mvccpb.Event // Kv.ModRevision == Rev; PrevKv filled as etcd's watch fills it: the value at Rev-1, except on a create (version 1)
 	Change  *Change         // the decoded change (shares Encoded's content)
 }
 
@@ -306,7 +306,10 @@ func eventOf(e logEv, rev int64) *mvccpb.Event {
 		ev.Type = mvccpb.Event_DELETE
 		ev.Kv = &mvccpb.KeyValue{Key: e.key, ModRevision: rev}
 	}
-	if e.prev != nil {
+	// etcd's watch reads the previous value at rev-1 except for a create
+	// (a put of version 1): a key deleted and put again in one change
+	// (a Txn) has a value at rev-1 that its create event does not carry.
+	if e.prev != nil && !(e.kv != nil && e.kv.Version == 1) {
 		ev.PrevKv = cloneKV(e.prev)
 	}
 	return ev
@@ -377,7 +380,13 @@ func (s *State) Events(from int64, key, end []byte) ([]*mvccpb.Event, error) {
 			} else if bytes.Compare(e.key, key) < 0 || (!all && bytes.Compare(e.key, end) >= 0) {
 				continue
 			}
-			out = append(out, eventOf(e, r))
+			ev := eventOf(e, r)
+			if r-1 < s.compactRev {
+				// etcd reads the previous value at r-1, which compaction
+				// has made unreadable: it sends no prev_kv then.
+				ev.PrevKv = nil
+			}
+			out = append(out, ev)
 		}
 	}
 	return out, nil
