@@ -214,6 +214,19 @@ func TestCompactErrors(t *testing.T) {
 	if _, _, err := s.HashKV(8); !errors.Is(err, rpctypes.ErrGRPCFutureRev) {
 		t.Fatalf("HashKV of the future: %v", err)
 	}
+	// The bookkeeping of compacted changes goes too; the change that made
+	// the compaction revision stays, as that revision is still readable.
+	if _, ok := s.HashOfRevision(6); ok {
+		t.Error("revision 6 still maps to a change after compaction at 7")
+	}
+	if h, ok := s.HashOfRevision(7); !ok {
+		t.Error("revision 7 no longer maps to its change")
+	} else if r, ok := s.RevisionOf(h); !ok || r != 7 {
+		t.Errorf("RevisionOf(change of 7) = %d %v", r, ok)
+	}
+	if _, ok := s.HashOfIndex(5); ok {
+		t.Error("index 5 still maps to a change after compaction at 7")
+	}
 	// Compaction dropped a's older versions but not its current value.
 	r, _ := s.Range(&pb.RangeRequest{Key: []byte("a")})
 	if len(r.Kvs) != 1 || r.Kvs[0].Version != 5 || r.Kvs[0].CreateRevision != 2 {

@@ -40,7 +40,9 @@
 // so the first write is revision 2, and CompactRev is -1 before the first
 // compaction. Revisions are per replica: a change merged in from a peer
 // (part 2) gets this replica's next revision, never one in the past.
-// Revision <-> hash and index <-> hash are kept for every change.
+// Revision <-> hash and index <-> hash are kept for every change since the
+// last compaction (from the change that made the compaction revision on):
+// like the values, the bookkeeping of history is bounded by compaction.
 //
 // # Clock
 //

@@ -113,14 +113,23 @@ func (k *keyRec) compact(atRev int64) {
 	}
 	g := &k.gens[gi]
 	if !g.isEmpty() {
-		for i := len(g.revs) - 1; i >= 0; i-- {
+		for i := len(g.revs) - 1; i > 0; i-- {
 			if g.revs[i].main <= atRev {
-				g.revs = append([]version(nil), g.revs[i:]...)
+				// In place: compaction runs over every key and should not
+				// allocate for each; clearing the tail lets the dropped
+				// values be collected.
+				n := copy(g.revs, g.revs[i:])
+				clear(g.revs[n:])
+				g.revs = g.revs[:n]
 				break
 			}
 		}
 	}
-	k.gens = append([]generation(nil), k.gens[gi:]...)
+	if gi > 0 {
+		n := copy(k.gens, k.gens[gi:])
+		clear(k.gens[n:])
+		k.gens = k.gens[:n]
+	}
 }
 
 // ordered keeps the key records in key order for ranges: a list of sorted

@@ -52,9 +52,15 @@ type State struct {
 	keys  map[string]*keyRec
 	order ordered
 
-	idxHash []Hash            // idxHash[i-1]: change of index i
-	revHash []Hash            // revHash[r-2]: change of revision r (revision 1 is the empty store, as in etcd)
-	known   map[Hash]changeAt // every applied change
+	// The change of index i is idxHash[i-idxBase], of revision r
+	// revHash[r-revBase] (revision 1 is the empty store, as in etcd); known
+	// maps back. All three keep the changes since the compaction: history
+	// is bounded, as etcd's.
+	idxHash []Hash
+	idxBase uint64
+	revHash []Hash
+	revBase int64
+	known   map[Hash]changeAt
 
 	log     []revLog // log[r-logBase]: the events of revision r, for r >= logBase
 	logBase int64
@@ -90,6 +96,8 @@ func New(id ReplicaID) *State {
 		rev:         1,
 		compactRev:  -1,
 		logBase:     2,
+		idxBase:     1,
+		revBase:     2,
 		keys:        make(map[string]*keyRec),
 		known:       make(map[Hash]changeAt),
 		leases:      make(map[int64]*leaseRec),
@@ -147,18 +155,18 @@ func (s *State) IndexOf(h Hash) (uint64, bool) {
 
 // HashOfRevision is the change that made revision rev.
 func (s *State) HashOfRevision(rev int64) (Hash, bool) {
-	if rev < 2 || rev > s.rev {
+	if rev < s.revBase || rev > s.rev {
 		return Hash{}, false
 	}
-	return s.revHash[rev-2], true
+	return s.revHash[rev-s.revBase], true
 }
 
 // HashOfIndex is the change applied as index i.
 func (s *State) HashOfIndex(i uint64) (Hash, bool) {
-	if i < 1 || i > s.index {
+	if i < s.idxBase || i > s.index {
 		return Hash{}, false
 	}
-	return s.idxHash[i-1], true
+	return s.idxHash[i-s.idxBase], true
 }
 
 // Winner is the (stamp, replica) of the write that decided key's current
@@ -342,6 +350,7 @@ func (s *State) Compact(rev int64) error {
 		delete(s.keys, string(key))
 		s.order.remove(key)
 	}
+	s.forgetBefore(rev)
 	// Watches may start at rev itself (etcd refuses only start < compact).
 	if drop := rev - s.logBase; drop > 0 {
 		n := int64(len(s.log))
@@ -352,6 +361,24 @@ func (s *State) Compact(rev int64) error {
 		s.logBase += drop
 	}
 	return nil
+}
+
+// forgetBefore drops the bookkeeping of the changes before the one that
+// made revision rev: its revision stays readable, so its change stays
+// known. RevisionOf and HashOf* answer false for what was dropped.
+func (s *State) forgetBefore(rev int64) {
+	h, ok := s.HashOfRevision(rev)
+	if !ok {
+		return // rev 1 (the empty store): nothing before it
+	}
+	keepIdx := s.known[h].index
+	for _, old := range s.idxHash[:keepIdx-s.idxBase] {
+		delete(s.known, old)
+	}
+	s.idxHash = append([]Hash(nil), s.idxHash[keepIdx-s.idxBase:]...)
+	s.idxBase = keepIdx
+	s.revHash = append([]Hash(nil), s.revHash[rev-s.revBase:]...)
+	s.revBase = rev
 }
 
 // Events returns the history of [key, end) from revision from to the
