@@ -66,10 +66,16 @@ func dump(t *testing.T, s *State) string {
 		ttl, _ := s.LeaseTimeToLive(time.Unix(0, 0), &pb.LeaseTimeToLiveRequest{ID: l.ID, Keys: true})
 		fmt.Fprintf(&b, "lease %d granted %d keys %q\n", l.ID, ttl.GrantedTTL, ttl.Keys)
 	}
+	// What compaction left (incremental compactions leave what one would).
+	versions := 0
 	s.order.ascend(nil, nil, func(k *keyRec) bool {
 		fmt.Fprintf(&b, "winner %q %v %d\n", k.key, k.win, k.winRepl)
+		for _, g := range k.gens {
+			versions += len(g.revs)
+		}
 		return true
 	})
+	fmt.Fprintf(&b, "keys %d (%d ordered) versions %d\n", len(s.keys), s.order.n, versions)
 	return b.String()
 }
 

@@ -65,6 +65,9 @@ type State struct {
 	log     []revLog // log[r-logBase]: the events of revision r, for r >= logBase
 	logBase int64
 
+	// dirty are the keys compaction may shorten (Compact).
+	dirty []*keyRec
+
 	leases   map[int64]*leaseRec
 	leaseSeq uint64
 }
@@ -81,9 +84,12 @@ type revLog struct {
 }
 
 type logEv struct {
-	key  []byte
-	kv   *mvccpb.KeyValue // nil: delete
-	prev *mvccpb.KeyValue
+	rec     *keyRec
+	key     []byte
+	del     bool
+	hasPrev bool
+	cur     val // the put's value (unset for a delete)
+	prev    val // the value before the change, when hasPrev
 }
 
 // New returns the empty state of replica id. As in etcd the empty store is
@@ -209,34 +215,43 @@ func (w *writer) put(key, value []byte, lease int64) {
 		s.keys[string(key)] = k
 		s.order.insert(k)
 	}
-	old := k.live()
-	kv := &mvccpb.KeyValue{Key: k.key, Value: value, ModRevision: main, Lease: lease, CreateRevision: main, Version: 1}
-	if old != nil {
-		kv.CreateRevision = old.CreateRevision
-		kv.Version = old.Version + 1
+	ev := logEv{rec: k, key: k.key}
+	if p := k.at(w.begin); p != nil {
+		ev.prev, ev.hasPrev = *p, true
 	}
-	k.put(main, sub, kv)
-	if old != nil && old.Lease != lease {
-		s.detach(old.Lease, key)
+	v := val{value: value, mod: main, lease: lease, create: main, ver: 1}
+	oldLease := int64(0)
+	if old := k.live(); old != nil {
+		v.create, v.ver, oldLease = old.create, old.ver+1, old.lease
+		if oldLease != lease {
+			s.detach(oldLease, key)
+		}
 	}
-	if lease != 0 && (old == nil || old.Lease != lease) {
+	if lease != 0 && oldLease != lease {
 		s.attach(lease, key)
 	}
+	k.put(main, sub, v, false)
+	ev.cur = v
 	w.ops = append(w.ops, Op{Kind: OpPut, Key: k.key, Value: value, Lease: lease})
-	w.evs = append(w.evs, logEv{key: k.key, kv: kv, prev: k.at(w.begin)})
+	s.markDirty(k)
+	w.evs = append(w.evs, ev)
 }
 
 // del tombstones a key that exists at w.rev().
 func (w *writer) del(key []byte) {
 	s := w.s
 	k := s.keys[string(key)]
-	old := k.live()
-	k.tombstone(w.begin+1, int64(len(w.evs)))
-	if old.Lease != 0 {
-		s.detach(old.Lease, key)
+	ev := logEv{rec: k, key: k.key, del: true}
+	if p := k.at(w.begin); p != nil {
+		ev.prev, ev.hasPrev = *p, true
 	}
+	if l := k.live().lease; l != 0 {
+		s.detach(l, key)
+	}
+	k.tombstone(w.begin+1, int64(len(w.evs)))
 	w.ops = append(w.ops, Op{Kind: OpDelete, Key: k.key})
-	w.evs = append(w.evs, logEv{key: k.key, prev: k.at(w.begin)})
+	s.markDirty(k)
+	w.evs = append(w.evs, ev)
 }
 
 // deleteRange deletes the keys of [key, end) that exist now (etcd's
@@ -261,6 +276,13 @@ func (w *writer) deleteRange(key []byte, end []byte, single bool) int64 {
 	return int64(len(keys))
 }
 
+func (s *State) markDirty(k *keyRec) {
+	if !k.dirty {
+		k.dirty = true
+		s.dirty = append(s.dirty, k)
+	}
+}
+
 // commit makes the change: stamps it, hashes it, numbers it and records
 // its events.
 func (w *writer) commit(now time.Time) *Applied {
@@ -283,8 +305,7 @@ func (s *State) record(c *Change, enc []byte, evs []logEv) *Applied {
 		s.log = append(s.log, revLog{evs: evs})
 		a.Events = eventsOf(evs, s.rev)
 		for _, e := range evs {
-			k := s.keys[string(e.key)]
-			k.win, k.winRepl = c.Stamp, c.Replica
+			e.rec.win, e.rec.winRepl = c.Stamp, c.Replica
 		}
 	}
 	s.known[id] = changeAt{index: s.index, rev: a.Rev}
@@ -307,9 +328,9 @@ func eventsOf(evs []logEv, rev int64) []*mvccpb.Event {
 // the byte slices are shared and must not be).
 func eventOf(e logEv, rev int64) *mvccpb.Event {
 	ev := &mvccpb.Event{}
-	if e.kv != nil {
+	if !e.del {
 		ev.Type = mvccpb.Event_PUT
-		ev.Kv = cloneKV(e.kv)
+		ev.Kv = e.cur.kv(e.key)
 	} else {
 		ev.Type = mvccpb.Event_DELETE
 		ev.Kv = &mvccpb.KeyValue{Key: e.key, ModRevision: rev}
@@ -317,15 +338,10 @@ func eventOf(e logEv, rev int64) *mvccpb.Event {
 	// etcd's watch reads the previous value at rev-1 except for a create
 	// (a put of version 1): a key deleted and put again in one change
 	// (a Txn) has a value at rev-1 that its create event does not carry.
-	if e.prev != nil && !(e.kv != nil && e.kv.Version == 1) {
-		ev.PrevKv = cloneKV(e.prev)
+	if e.hasPrev && !(!e.del && e.cur.ver == 1) {
+		ev.PrevKv = e.prev.kv(e.key)
 	}
 	return ev
-}
-
-func cloneKV(kv *mvccpb.KeyValue) *mvccpb.KeyValue {
-	return &mvccpb.KeyValue{Key: kv.Key, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision,
-		Version: kv.Version, Value: kv.Value, Lease: kv.Lease}
 }
 
 // Compact drops the history before rev: reads and watches from revisions
@@ -339,17 +355,26 @@ func (s *State) Compact(rev int64) error {
 		return rpctypes.ErrGRPCFutureRev
 	}
 	s.compactRev = rev
-	var empty [][]byte
-	for _, k := range s.keys {
+	// Only keys written since the last compaction, or left with more than
+	// one version by it, can lose versions: a key with one version that was
+	// not written since is as compact as it gets. So compaction costs the
+	// writes since the last one, not the size of the key space.
+	next := s.dirty[:0]
+	for _, k := range s.dirty {
 		k.compact(rev)
-		if k.isEmpty() {
-			empty = append(empty, k.key)
+		switch {
+		case k.isEmpty():
+			k.dirty = false
+			delete(s.keys, string(k.key))
+			s.order.remove(k.key)
+		case len(k.gens) > 1 || len(k.gens[0].revs) > 1:
+			next = append(next, k)
+		default:
+			k.dirty = false
 		}
 	}
-	for _, key := range empty {
-		delete(s.keys, string(key))
-		s.order.remove(key)
-	}
+	clear(s.dirty[len(next):])
+	s.dirty = next
 	s.forgetBefore(rev)
 	// Watches may start at rev itself (etcd refuses only start < compact).
 	if drop := rev - s.logBase; drop > 0 {
@@ -437,14 +462,14 @@ func (s *State) HashKV(rev int64) (hash uint32, hashRev int64, err error) {
 	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
 	var lb [20]byte
 	s.order.ascend(nil, nil, func(k *keyRec) bool {
-		kv := k.at(rev)
-		if kv == nil {
+		v := k.at(rev)
+		if v == nil {
 			return true
 		}
-		h.Write(appendLen(lb[:0], len(kv.Key)))
-		h.Write(kv.Key)
-		h.Write(appendLen(lb[:0], len(kv.Value)))
-		h.Write(kv.Value)
+		h.Write(appendLen(lb[:0], len(k.key)))
+		h.Write(k.key)
+		h.Write(appendLen(lb[:0], len(v.value)))
+		h.Write(v.value)
 		return true
 	})
 	return h.Sum32(), rev, nil
