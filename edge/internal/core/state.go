@@ -193,6 +193,7 @@ type writer struct {
 	begin int64
 	ops   []Op
 	evs   []logEv
+	tombs []*keyRec // merged deletes of keys absent here: the winner changes, nothing else
 }
 
 func (s *State) newWriter() *writer { return &writer{s: s, begin: s.rev} }
@@ -288,12 +289,13 @@ func (s *State) markDirty(k *keyRec) {
 func (w *writer) commit(now time.Time) *Applied {
 	s := w.s
 	c := &Change{Parents: s.heads, Replica: s.id, Stamp: s.clock.Next(now.UnixNano()), Ops: w.ops}
-	return s.record(c, c.Encode(), w.evs)
+	return s.record(c, c.Encode(), w)
 }
 
 // record books an applied change: index, revision when it touched keys,
 // heads, clock, the conflict-rule winners and the event log.
-func (s *State) record(c *Change, enc []byte, evs []logEv) *Applied {
+func (s *State) record(c *Change, enc []byte, w *writer) *Applied {
+	evs := w.evs
 	id := hashOf(enc)
 	s.index++
 	s.idxHash = append(s.idxHash, id)
@@ -308,8 +310,11 @@ func (s *State) record(c *Change, enc []byte, evs []logEv) *Applied {
 			e.rec.win, e.rec.winRepl = c.Stamp, c.Replica
 		}
 	}
+	for _, k := range w.tombs {
+		k.win, k.winRepl = c.Stamp, c.Replica
+	}
 	s.known[id] = changeAt{index: s.index, rev: a.Rev}
-	s.heads = []Hash{id}
+	s.advanceHeads(c.Parents, id)
 	if c.Stamp.Compare(s.clock) > 0 {
 		s.clock = c.Stamp
 	}
@@ -499,6 +504,21 @@ func (s *State) Replay(encoded []byte, index uint64, rev int64) error {
 	if _, ok := s.known[hashOf(encoded)]; ok {
 		return fmt.Errorf("core: replay index %d: change already applied", index)
 	}
+	if c.Replica != s.id {
+		// A change merged from a peer: the conflict rule decided which of
+		// its ops took effect, and deciding again in the same order gives
+		// the same answer.
+		if err := s.checkParents(c); err != nil {
+			return fmt.Errorf("core: replay index %d: %w", index, err)
+		}
+		if want := s.mergeRev(c); want != rev {
+			return fmt.Errorf("core: replay index %d: revision %d, the merge gives %d", index, rev, want)
+		}
+		w := s.newWriter()
+		s.mergeOps(w, c)
+		s.record(c, encoded, w)
+		return nil
+	}
 	if err := s.checkOps(c); err != nil {
 		return fmt.Errorf("core: replay index %d: %w", index, err)
 	}
@@ -516,7 +536,7 @@ func (s *State) Replay(encoded []byte, index uint64, rev int64) error {
 	}
 	w := s.newWriter()
 	s.applyOps(w, c, time.Unix(0, c.Stamp.Wall))
-	s.record(c, encoded, w.evs)
+	s.record(c, encoded, w)
 	return nil
 }
 
