@@ -314,14 +314,18 @@ func TestRequestChecks(t *testing.T) {
 			t.Errorf("%s: %v, want %v", name, c.err, c.want)
 		}
 	}
+	// A nil nested Txn (in-process only) is the empty Txn, not a crash.
+	if resp, _, err := s.Txn(t0, &pb.TxnRequest{Success: []*pb.RequestOp{{Request: &pb.RequestOp_RequestTxn{}}}}); err != nil || !resp.Responses[0].GetResponseTxn().Succeeded {
+		t.Errorf("nil nested txn: %v %v", resp, err)
+	}
 	// Then/else branches may put the same key: only one of them runs.
 	nested := &pb.TxnRequest{Success: []*pb.RequestOp{{Request: &pb.RequestOp_RequestTxn{RequestTxn: &pb.TxnRequest{
 		Success: []*pb.RequestOp{opPut("k", "1")}, Failure: []*pb.RequestOp{opPut("k", "2")}}}}}}
 	if _, _, err := s.Txn(t0, nested); err != nil {
 		t.Errorf("then/else putting one key: %v", err)
 	}
-	if s.Rev() != 3 || s.Index() != 2 {
-		t.Fatalf("after refused requests: rev %d index %d, want 3 and 2 (nothing else applied)", s.Rev(), s.Index())
+	if s.Rev() != 3 || s.Index() != 3 {
+		t.Fatalf("after refused requests: rev %d index %d, want 3 and 3 (the empty nested txn and the then/else put)", s.Rev(), s.Index())
 	}
 }
 

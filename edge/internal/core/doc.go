@@ -93,6 +93,11 @@
 // expires by the clock of the replica that granted it (ExpireLeases only
 // revokes this replica's), and its expiry is one change.
 //
+// The state keeps the byte slices of the requests it applies (keys and
+// values are not copied), and the events and responses it returns share
+// them: neither side may modify them afterwards. Everything else returned
+// (responses, events, KeyValues) is the caller's to change.
+//
 // Requests follow etcd v3.7.3's checks and apply code to the error value,
 // header revision and quirk; see kv.go for the references.
 package core

@@ -323,8 +323,10 @@ func (s *State) planTxn(rt *pb.TxnRequest) *txnPlan {
 	}
 	p.subs = make([]*txnPlan, len(p.reqs))
 	for i, op := range p.reqs {
-		if t := op.GetRequestTxn(); t != nil {
-			p.subs[i] = s.planTxn(t)
+		// A nested Txn that is nil (only possible in-process: on the wire
+		// it is an empty message) plans as the empty Txn.
+		if tv, ok := op.GetRequest().(*pb.RequestOp_RequestTxn); ok {
+			p.subs[i] = s.planTxn(tv.RequestTxn)
 		}
 	}
 	return p
