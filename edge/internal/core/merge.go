@@ -105,7 +105,6 @@ func (s *State) mergeOps(w *writer, c *Change) {
 		case OpLeaseRevoke:
 			delete(s.leases, op.Lease)
 		}
-		w.ops = append(w.ops, op)
 	}
 }
 

@@ -151,6 +151,10 @@ func TestReplayRefusesWhatDoesNotFit(t *testing.T) {
 		t.Error("replay with a wrong revision accepted")
 	}
 	if err := b.Replay(del.Encoded, 1, 2); err == nil {
+		t.Error("replay of a change out of order accepted")
+	}
+	forged := &Change{Replica: 1, Ops: []Op{{Kind: OpDelete, Key: []byte("nope")}}}
+	if err := b.Replay(forged.Encode(), 1, 2); err == nil {
 		t.Error("replay of a delete of a missing key accepted")
 	}
 	bad := append([]byte{}, put.Encoded...)
