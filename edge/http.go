@@ -73,7 +73,7 @@ func newHTTPHandler(reg *prometheus.Registry, lg *slog.Logger, c httpChecks) (ht
 		if !allowGet(w, r) {
 			return
 		}
-		h := health(r.Context(), c, querySet(r, "exclude"))
+		h := checkHealth(r.Context(), c, querySet(r, "exclude"))
 		b, _ := json.Marshal(h)
 		if h.Health != "true" {
 			failed.Inc()
@@ -127,16 +127,41 @@ func newHTTPHandler(reg *prometheus.Registry, lg *slog.Logger, c httpChecks) (ht
 	return mux, nil
 }
 
+// mountHTTP mounts the HTTP endpoints on the client URLs' mux (serve.go).
+func (s *Server) mountHTTP(mux *http.ServeMux) {
+	h, err := newHTTPHandler(s.reg, s.log, httpChecks{
+		Ready: s.Ready,
+		// etcd's check reads through the server like a client would, so
+		// a stuck store shows; here that is the state lock and the commit
+		// wait of s.read. Key and range end "\x00" is "every key".
+		Read: func(ctx context.Context) error {
+			_, err := s.read(ctx, func() error {
+				_, err := s.st.Range(&pb.RangeRequest{Key: []byte{0}, RangeEnd: []byte{0}, KeysOnly: true, Limit: 1})
+				return err
+			})
+			return err
+		},
+		// The edge store raises no alarms (maintenance.go: Alarm).
+	})
+	if err != nil {
+		// Only a registry conflict on the server's own, fresh registry:
+		// a programming error, but serving gRPC without HTTP beats none.
+		s.log.Error("edge: HTTP endpoints not served", "err", err)
+		return
+	}
+	mux.Handle("/", h)
+}
+
 // healthStatus is etcd's /health body.
 type healthStatus struct {
 	Health string `json:"health"`
 	Reason string `json:"reason"`
 }
 
-// health is etcd's /health check: alarms (unless excluded), then a read.
+// checkHealth is etcd's /health check: alarms (unless excluded), then a read.
 // etcd's serializable=true only skips its leader check, which a replica
 // always passes, so it needs no handling.
-func health(ctx context.Context, c httpChecks, excluded map[string]bool) healthStatus {
+func checkHealth(ctx context.Context, c httpChecks, excluded map[string]bool) healthStatus {
 	if !c.Ready() {
 		return healthStatus{Health: "false", Reason: healthNotReady}
 	}
