@@ -344,7 +344,9 @@ func (s *Server) Close(ctx context.Context) error {
 			}
 		}
 		for _, h := range s.http {
-			if err := h.Shutdown(ctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			// The listener may already be closed through cmux by the gRPC
+			// server's stop; that is not a failure.
+			if err := h.Shutdown(ctx); err != nil && !isClosedErr(err) {
 				errs = append(errs, fmt.Errorf("edge: shut down http: %w", err))
 				_ = h.Close()
 			}

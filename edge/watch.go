@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -68,11 +69,15 @@ type hub struct {
 	rev       int64 // highest durable revision
 	compacted int64
 	ring      []published // consecutive revisions, oldest first
+	ringMax   int         // ringRevisions; tests shrink it
 	streams   map[*watchStream]struct{}
+	// catchUps counts reads of the core's history by watchers (created in
+	// the past or fallen behind the ring); tests use it to prove a path ran.
+	catchUps atomic.Int64
 }
 
 func newHub(s *Server, rev int64) *hub {
-	return &hub{s: s, rev: rev, compacted: s.st.CompactRev(), streams: map[*watchStream]struct{}{}}
+	return &hub{s: s, rev: rev, compacted: s.st.CompactRev(), ringMax: ringRevisions, streams: map[*watchStream]struct{}{}}
 }
 
 // publish makes a durable batch visible to watchers, in revision order.
@@ -87,9 +92,9 @@ func (h *hub) publish(aps []*core.Applied) {
 		h.rev = ap.Rev
 		changed = true
 	}
-	if len(h.ring) > 2*ringRevisions {
+	if len(h.ring) > 2*h.ringMax {
 		// Copy rather than reslice so the dropped entries can be freed.
-		h.ring = append([]published(nil), h.ring[len(h.ring)-ringRevisions:]...)
+		h.ring = append([]published(nil), h.ring[len(h.ring)-h.ringMax:]...)
 	}
 	var wake []*watchStream
 	if changed {
@@ -434,6 +439,7 @@ func (ws *watchStream) flushWatcher(w *watcher, rev int64) error {
 // the core. It reports done when the watcher was cancelled for compaction.
 func (ws *watchStream) catchUp(w *watcher, rev int64) (bool, error) {
 	s := ws.s
+	s.hub.catchUps.Add(1)
 	s.mu.RLock()
 	compacted := s.st.CompactRev()
 	var evs []*mvccpb.Event
