@@ -311,6 +311,22 @@ func (l *Log) Size() int64 {
 	return n
 }
 
+// SizeInUse is Size less the free pages (Status' db_size_in_use), as
+// etcd's backend computes it; Defragment gives the difference back.
+func (l *Log) SizeInUse() int64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.db == nil {
+		return 0
+	}
+	var n int64
+	_ = l.db.View(func(tx *bolt.Tx) error {
+		n = tx.Size() - int64(l.db.Stats().FreePageN)*int64(l.db.Info().PageSize)
+		return nil
+	})
+	return n
+}
+
 // Defragment rewrites the file without its free pages, as etcd's
 // Maintenance.Defragment does for its backend. Appends wait while it runs.
 // The copy is written and fsync'd beside the file, then renamed over it, so

@@ -218,13 +218,20 @@ func TestManyRecordsAndDefragment(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before := l.Size()
+	before, inUse := l.Size(), l.SizeInUse()
+	if inUse <= 0 || inUse >= before {
+		t.Errorf("SizeInUse %d with Size %d: the freed meta pages are not counted out", inUse, before)
+	}
 	if err := l.Defragment(); err != nil {
 		t.Fatal(err)
 	}
 	after := l.Size()
 	if after >= before {
 		t.Errorf("Defragment: size %d -> %d, want smaller", before, after)
+	}
+	// Only the few pages the commits since have replaced are free.
+	if got := l.SizeInUse(); after-got > 16*int64(os.Getpagesize()) {
+		t.Errorf("after Defragment SizeInUse = %d, Size = %d: want next to no free pages", got, after)
 	}
 	if err := l.Append([]Record{testRecord(n + 1)}); err != nil {
 		t.Fatalf("Append after Defragment: %v", err)
