@@ -11,8 +11,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -534,5 +536,112 @@ func TestTornCommitFallsBackToThePreviousOne(t *testing.T) {
 	// And the log goes on from there.
 	if err := l.Append([]Record{testRecord(uint64(len(got) + 1))}); err != nil {
 		t.Fatalf("append after recovery: %v", err)
+	}
+}
+
+// The server appends from its committer while Status reads sizes and
+// Defragment may run: all of it concurrently (run with -race).
+func TestConcurrentUse(t *testing.T) {
+	l, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const n = 2000
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	wg.Add(1)
+	go func() { // the committer
+		defer wg.Done()
+		for i := uint64(1); i <= n; i += 10 {
+			batch := make([]Record, 0, 10)
+			for j := i; j < i+10; j++ {
+				batch = append(batch, testRecord(j))
+			}
+			if err := l.Append(batch); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() { // Status and the extension API
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// Each is its own snapshot (an append or a defragment may
+				// come between), so only their sanity is checked.
+				if l.Size() <= 0 || l.SizeInUse() <= 0 {
+					errs <- fmt.Errorf("size %d, in use %d", l.Size(), l.SizeInUse())
+					return
+				}
+				if _, _, err := l.IndexOfRevision(5); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // Maintenance.Defragment
+		defer wg.Done()
+		for i := 0; i < 3; i++ {
+			if err := l.Defragment(); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	// Wait for the committer and the defragments, then stop the readers.
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			count := 0
+			if _, err := l.Load(func(Record) error { count++; return nil }); err != nil {
+				errs <- err
+				return
+			}
+			if count == n {
+				close(done)
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case err := <-errs:
+		close(stop)
+		wg.Wait()
+		t.Fatal(err)
+	case <-time.After(60 * time.Second):
+		close(stop)
+		wg.Wait()
+		t.Fatal("appends did not finish")
+	}
+	close(stop)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	got, _ := loadAll(t, l)
+	for i, r := range got {
+		if !equalRecord(r, testRecord(uint64(i+1))) {
+			t.Fatalf("record %d differs", i+1)
+		}
 	}
 }
