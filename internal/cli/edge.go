@@ -407,7 +407,7 @@ func parseEdgeArgs(args []string, lookup lookupFunc, stdout, stderr io.Writer) (
 	}
 	sort.Strings(ignored)
 
-	logger, closers, err := newEdgeLogger(f, stderr)
+	logger, closers, err := newEdgeLogger(f, stdout, stderr)
 	if err != nil {
 		return edgeParseResult{}, err
 	}
@@ -618,7 +618,7 @@ func sameURLs(a, b []url.URL) bool {
 // like etcd's zap output ({"level":"info","ts":...,"msg":...}), so tools
 // that grep etcd's log (its e2e harness waits for "ready to serve client
 // requests") read ours.
-func newEdgeLogger(f *edgeFlags, stderr io.Writer) (*slog.Logger, []io.Closer, error) {
+func newEdgeLogger(f *edgeFlags, stdout, stderr io.Writer) (*slog.Logger, []io.Closer, error) {
 	if f.logger != "zap" {
 		return nil, nil, fmt.Errorf("unknown logger option %q", f.logger)
 	}
@@ -645,7 +645,7 @@ func newEdgeLogger(f *edgeFlags, stderr io.Writer) (*slog.Logger, []io.Closer, e
 		case "default", "stderr":
 			writers = append(writers, stderr)
 		case "stdout":
-			writers = append(writers, os.Stdout)
+			writers = append(writers, stdout)
 		case "":
 		default:
 			file, err := os.OpenFile(out, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)

@@ -420,3 +420,12 @@ func TestEdgeLogOutputsFile(t *testing.T) {
 		t.Errorf("log file = %q", b)
 	}
 }
+
+func TestEdgeLogOutputsStdoutAndStderr(t *testing.T) {
+	res := mustEdge(t, nil, "--log-outputs=stdout,stderr", "--snapshot-count=1")
+	for name, out := range map[string]string{"stdout": res.stdout, "stderr": res.stderr} {
+		if lines := logLines(t, out); len(lines) != 1 {
+			t.Errorf("%s has %d log lines, want the one: %q", name, len(lines), out)
+		}
+	}
+}
