@@ -645,3 +645,69 @@ func TestConcurrentUse(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckpointBoundsTheLog(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []Record
+	for i := uint64(1); i <= 20; i++ {
+		recs = append(recs, testRecord(i))
+	}
+	if err := l.Append(recs); err != nil {
+		t.Fatal(err)
+	}
+	if idx, snap, err := l.Snapshot(); err != nil || idx != 0 || snap != nil {
+		t.Fatalf("Snapshot before any checkpoint = %d, %q, %v", idx, snap, err)
+	}
+	if err := l.Checkpoint(21, []byte("x")); err == nil {
+		t.Error("a checkpoint past the last record was accepted")
+	}
+	if err := l.Checkpoint(12, []byte("state@12")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Checkpoint(11, []byte("older")); err == nil {
+		t.Error("a checkpoint going back was accepted")
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	l, err = Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	idx, snap, err := l.Snapshot()
+	if err != nil || idx != 12 || string(snap) != "state@12" {
+		t.Fatalf("Snapshot = %d, %q, %v; want 12, state@12", idx, snap, err)
+	}
+	got, _ := loadAll(t, l)
+	if len(got) != 8 || got[0].Index != 13 {
+		t.Fatalf("after the checkpoint Load gives %d records from %d, want 8 from 13", len(got), got[0].Index)
+	}
+	for _, r := range got {
+		if !equalRecord(r, testRecord(r.Index)) {
+			t.Fatalf("record %d differs", r.Index)
+		}
+	}
+	// Revisions of checkpointed records are gone; later ones stay.
+	if _, ok, _ := l.IndexOfRevision(testRecord(3).Rev); ok {
+		t.Error("revision of a checkpointed record still indexed")
+	}
+	if i, ok, _ := l.IndexOfRevision(testRecord(14).Rev); !ok || i != 14 {
+		t.Errorf("IndexOfRevision of record 14 = %d, %v", i, ok)
+	}
+	// A checkpoint of everything still keeps the index moving forward.
+	if err := l.Checkpoint(20, []byte("state@20")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Append([]Record{testRecord(20)}); err == nil {
+		t.Error("Append of an index the checkpoint covers was accepted")
+	}
+	if err := l.Append([]Record{testRecord(21)}); err != nil {
+		t.Fatal(err)
+	}
+}
