@@ -204,6 +204,7 @@ func TestEdgeFlagSpellings(t *testing.T) {
 		"--heartbeat-interval", "50",
 		"-election-timeout=500",
 		"-watch-progress-notify-interval", "250ms",
+		"-v", // etcd's IgnoredFlag: boolean-style, takes no value
 	)
 	s := res.settings
 	if s.Name != "e1" || s.DataDir != dir || s.InitialClusterToken != "tok" || s.WatchProgressNotifyInterval != 250*time.Millisecond {
@@ -213,7 +214,7 @@ func TestEdgeFlagSpellings(t *testing.T) {
 	if want := map[string][]url.URL{"e1": mustURLs(t, "http://localhost:2380")}; !reflect.DeepEqual(s.InitialCluster, want) {
 		t.Errorf("initial cluster = %v, want %v", s.InitialCluster, want)
 	}
-	if want := []string{"--election-timeout", "--heartbeat-interval"}; !reflect.DeepEqual(s.Ignored, want) {
+	if want := []string{"--election-timeout", "--heartbeat-interval", "--v"}; !reflect.DeepEqual(s.Ignored, want) {
 		t.Errorf("ignored = %v, want %v", s.Ignored, want)
 	}
 }
