@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -21,6 +22,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/tlsutil"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/client/pkg/v3/types"
+	"go.etcd.io/etcd/pkg/v3/netutil"
 	"go.uber.org/zap"
 )
 
@@ -493,7 +495,9 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 	if !ok {
 		return fmt.Errorf("couldn't find local name %q in the initial cluster configuration", s.Name)
 	}
-	if !sameURLs(mine, s.AdvertisePeerURLs) {
+	// etcd checks this when bootstrapping a new cluster, resolving host
+	// names (localhost matches 127.0.0.1).
+	if f.initialState == "new" && !sameURLs(mine, s.AdvertisePeerURLs) {
 		return fmt.Errorf("--initial-cluster has %s=%s but missing from --initial-advertise-peer-urls=%s",
 			s.Name, types.URLs(mine).String(), types.URLs(s.AdvertisePeerURLs).String())
 	}
@@ -608,11 +612,19 @@ func edgeURLs(flagName, v string) ([]url.URL, error) {
 	return []url.URL(us), nil
 }
 
+// sameURLs is etcd's advertiseMatchesCluster comparison
+// (netutil.URLStringsEqual): equal as strings, or after resolving hosts.
 func sameURLs(a, b []url.URL) bool {
 	as, bs := types.URLs(a).StringSlice(), types.URLs(b).StringSlice()
 	sort.Strings(as)
 	sort.Strings(bs)
-	return slices.Equal(as, bs)
+	if slices.Equal(as, bs) {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // etcd's bound
+	defer cancel()
+	ok, _ := netutil.URLStringsEqual(ctx, zap.NewNop(), as, bs)
+	return ok
 }
 
 // newEdgeLogger builds the logger etcd's flags describe: JSON lines shaped

@@ -284,6 +284,16 @@ func TestEdgeExperimentalFlags(t *testing.T) {
 	}
 }
 
+// etcd compares advertised and initial-cluster peer URLs (resolving host
+// names, but not "localhost") only when bootstrapping a new cluster.
+func TestEdgeInitialClusterCheck(t *testing.T) {
+	res := runEdgeCLI(t, nil, "--initial-cluster=default=http://127.0.0.1:2380")
+	if res.err == nil || !strings.Contains(res.err.Error(), "missing from --initial-advertise-peer-urls") {
+		t.Errorf("localhost against 127.0.0.1: err = %v, want etcd's refusal", res.err)
+	}
+	mustEdge(t, nil, "--initial-cluster=default=http://10.9.9.9:2380", "--initial-cluster-state=existing")
+}
+
 func TestEdgeBadCommandLines(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
