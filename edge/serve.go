@@ -5,9 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -47,7 +49,12 @@ func (s *Server) serve() error {
 		}
 		network, addr := "tcp", u.Host
 		if u.Scheme == "unix" || u.Scheme == "unixs" {
+			// etcd's resolveURL, and like etcd's unix listener remove a
+			// socket file a previous run left behind.
 			network, addr = "unix", u.Host+u.Path
+			if err := os.Remove(addr); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("edge: remove stale socket %s: %w", addr, err)
+			}
 		}
 		l, err := net.Listen(network, addr)
 		if err != nil {
@@ -152,8 +159,7 @@ func (s *Server) newGRPCServer() *grpc.Server {
 }
 
 // unaryInterceptor gives the Auth methods that are not implemented a clear
-// message instead of grpc's generic one, and refuses everything once
-// storage has failed.
+// message instead of grpc's generic one.
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	resp, err := h(ctx, req)
 	if err != nil && strings.HasPrefix(info.FullMethod, "/etcdserverpb.Auth/") && status.Code(err) == codes.Unimplemented {
