@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	etcdversion "go.etcd.io/etcd/api/v3/version"
@@ -104,7 +105,6 @@ var edgeOtherFlags = []edgeOtherFlag{
 	{name: "memory-mlock", def: "false", isBool: true, class: edgeIgnored},
 	{name: "warning-apply-duration", def: "100ms", class: edgeIgnored},
 	{name: "warning-unary-request-duration", def: "300ms", class: edgeIgnored},
-	{name: "watch-progress-notify-interval", def: "0s", class: edgeIgnored},
 	{name: "grpc-keepalive-interval", def: "2h0m0s", class: edgeIgnored},
 	{name: "grpc-keepalive-min-time", def: "5s", class: edgeIgnored},
 	{name: "grpc-keepalive-timeout", def: "20s", class: edgeIgnored},
@@ -213,6 +213,7 @@ type edgeSettings struct {
 	InitialClusterState, InitialClusterToken                                 string
 	ClientTLS, PeerTLS                                                       *tls.Config
 	MaxRequestBytes, MaxTxnOps                                               int
+	WatchProgressNotifyInterval                                              time.Duration
 	Logger                                                                   *slog.Logger
 
 	// Ignored are the ignored flags that were set, sorted; already logged.
@@ -243,6 +244,7 @@ type edgeFlags struct {
 	cipherSuites, tlsMinVersion, tlsMaxVersion string
 	logLevel, logger, logOutputs, logFormat    string
 	maxRequestBytes, maxTxnOps                 uint
+	progressInterval                           time.Duration
 	version                                    bool
 	other                                      map[string]*capturedFlag
 	experimental                               map[string]*capturedFlag
@@ -285,6 +287,7 @@ func newEdgeFlags(args []string) *edgeFlags {
 	fs.StringVar(&f.logFormat, "log-format", "json", "Configures log format. Only supports json, console.")
 	fs.UintVar(&f.maxRequestBytes, "max-request-bytes", edgeDefaultMaxRequest, "Maximum client request size in bytes the server will accept.")
 	fs.UintVar(&f.maxTxnOps, "max-txn-ops", edgeDefaultMaxTxnOps, "Maximum number of operations permitted in a transaction.")
+	fs.DurationVar(&f.progressInterval, "watch-progress-notify-interval", 0, "Duration of periodic watch progress notifications (0 is etcd's 10 minutes).")
 	fs.BoolVar(&f.version, "version", false, "Print the version and exit.")
 	for _, o := range edgeOtherFlags {
 		c := &capturedFlag{value: o.def, isBool: o.isBool}
@@ -509,6 +512,10 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 		return errors.New("--max-request-bytes and --max-txn-ops must be positive")
 	}
 	s.MaxRequestBytes, s.MaxTxnOps = int(f.maxRequestBytes), int(f.maxTxnOps)
+	if f.progressInterval < 0 {
+		return errors.New("--watch-progress-notify-interval must not be negative")
+	}
+	s.WatchProgressNotifyInterval = f.progressInterval
 
 	client := transport.TLSInfo{CertFile: f.certFile, KeyFile: f.keyFile, TrustedCAFile: f.trustedCA, ClientCertAuth: f.clientCertAuth}
 	if s.ClientTLS, err = f.tlsConfig("client", client, f.autoTLS, s.ListenClientURLs, filepath.Join(s.DataDir, "fixtures", "client"), s.Logger); err != nil {

@@ -203,9 +203,10 @@ func TestEdgeFlagSpellings(t *testing.T) {
 		"-client-cert-auth",
 		"--heartbeat-interval", "50",
 		"-election-timeout=500",
+		"-watch-progress-notify-interval", "250ms",
 	)
 	s := res.settings
-	if s.Name != "e1" || s.DataDir != dir || s.InitialClusterToken != "tok" {
+	if s.Name != "e1" || s.DataDir != dir || s.InitialClusterToken != "tok" || s.WatchProgressNotifyInterval != 250*time.Millisecond {
 		t.Errorf("settings = %+v", s)
 	}
 	// --name alone makes a one-member cluster of that name, as in etcd.
