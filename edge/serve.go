@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	edgev1 "github.com/aethermesh/aether/api/edge/v1"
@@ -142,6 +143,12 @@ func (s *Server) newGRPCServer() *grpc.Server {
 		grpc.MaxSendMsgSize(math.MaxInt32),
 		grpc.MaxConcurrentStreams(math.MaxUint32),
 		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+		// etcd's keepalive defaults (--grpc-keepalive-min-time 5s,
+		// -interval 2h, -timeout 20s). grpc-go's own enforcement minimum
+		// is 5 minutes: clients that ping more often, as clientv3 users
+		// with DialKeepAliveTime do, would be cut off with too_many_pings.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second}),
 	)
 	pb.RegisterKVServer(g, &kvServer{s: s})
 	pb.RegisterWatchServer(g, &watchServer{s: s})
