@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -129,6 +130,7 @@ func (c *committer) persist(b *batch) {
 		close(b.done)
 		return
 	}
+	start := time.Now()
 	if err := s.store.Append(b.recs); err != nil {
 		// The core is now ahead of the disk and cannot be rolled back: stop
 		// acknowledging anything (etcd panics on a backend write failure).
@@ -139,7 +141,7 @@ func (c *committer) persist(b *batch) {
 		close(b.done)
 		return
 	}
-	s.metrics.observeBatch(len(b.recs))
+	s.metrics.observeBatch(len(b.recs), time.Since(start))
 	// Watchers see the changes once durable, before the writers hear back:
 	// a client that got its response and then watches from the next
 	// revision cannot miss it either way.

@@ -142,7 +142,8 @@ func (s *Server) newGRPCServer() *grpc.Server {
 		grpc.MaxRecvMsgSize(s.maxRequestBytes+grpcOverheadBytes),
 		grpc.MaxSendMsgSize(math.MaxInt32),
 		grpc.MaxConcurrentStreams(math.MaxUint32),
-		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+		grpc.ChainUnaryInterceptor(s.metrics.unary, s.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.metrics.stream),
 		// etcd's keepalive defaults (--grpc-keepalive-min-time 5s,
 		// -interval 2h, -timeout 20s). grpc-go's own enforcement minimum
 		// is 5 minutes: clients that ping more often, as clientv3 users

@@ -182,7 +182,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, errors.New("edge: at least one listen client URL is required")
 	}
 
-	s.metrics = newServerMetrics(s.reg)
+	s.metrics = newServerMetrics(s)
 	var err error
 	if s.members, err = clusterMembers(cfg); err != nil {
 		return nil, err

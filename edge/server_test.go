@@ -331,8 +331,20 @@ func TestHTTPOnClientPort(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("aether_edge_commit_batch_changes")) {
+	if resp.StatusCode != 200 {
 		t.Fatalf("/metrics: %d %.200s", resp.StatusCode, body)
+	}
+	for _, want := range []string{
+		"aether_edge_commit_batch_changes_count 1",
+		"etcd_server_has_leader 1",
+		"etcd_debugging_mvcc_current_revision 2",
+		`grpc_server_handled_total{grpc_code="OK",grpc_method="Put",grpc_service="etcdserverpb.KV",grpc_type="unary"} 1`,
+		`etcd_server_version{server_version="3.7.3"} 1`,
+		"etcd_disk_wal_fsync_duration_seconds_count 1",
+	} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 }
 

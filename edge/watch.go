@@ -244,7 +244,10 @@ func (w *watchServer) Watch(srv pb.Watch_WatchServer) error {
 	s := w.s
 	ws := &watchStream{s: s, srv: srv, wake: make(chan struct{}, 1), watchers: map[int64]*watcher{}}
 	s.hub.register(ws)
-	defer s.hub.unregister(ws)
+	defer func() {
+		s.hub.unregister(ws)
+		s.metrics.watchers.Sub(float64(len(ws.watchers)))
+	}()
 
 	ctx := srv.Context()
 	reqs := make(chan *pb.WatchRequest)
@@ -321,6 +324,7 @@ func (ws *watchStream) handle(req *pb.WatchRequest, synced int64) error {
 			return nil // etcd answers nothing for an unknown id
 		}
 		delete(ws.watchers, id)
+		ws.s.metrics.watchers.Dec()
 		rev, _ := ws.s.hub.snapshot()
 		return ws.srv.Send(&pb.WatchResponse{Header: ws.newHeader(rev), WatchId: id, Canceled: true})
 	case *pb.WatchRequest_ProgressRequest:
@@ -390,6 +394,7 @@ func (ws *watchStream) create(creq *pb.WatchCreateRequest) error {
 		w.unsynced = true
 	}
 	ws.watchers[id] = w
+	ws.s.metrics.watchers.Inc()
 	return ws.srv.Send(&pb.WatchResponse{Header: ws.newHeader(rev), WatchId: id, Created: true})
 }
 
@@ -476,6 +481,7 @@ func (ws *watchStream) catchUp(w *watcher, rev int64) (bool, error) {
 		// etcd: the watcher is removed and told the compaction revision;
 		// its header carries revision 0.
 		delete(ws.watchers, w.id)
+		s.metrics.watchers.Dec()
 		return true, ws.srv.Send(&pb.WatchResponse{Header: ws.newHeader(0), WatchId: w.id,
 			CompactRevision: compacted, Canceled: true})
 	}
