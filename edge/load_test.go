@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -30,7 +31,11 @@ func TestLoadYCSBA(t *testing.T) {
 	s := startServer(t, dir, nil)
 	c := newClient(t, s)
 	ctx := testCtx(t)
-	const keys, threads = 1000, 64
+	const keys = 1000
+	threads := 64
+	if n, err := strconv.Atoi(os.Getenv("EDGE_LOAD_THREADS")); err == nil && n > 0 {
+		threads = n
+	}
 	key := func(i int) string { return fmt.Sprintf("user%014d", i) }
 	val := string(make([]byte, 32))
 	for i := range keys {
