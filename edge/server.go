@@ -123,6 +123,9 @@ type Server struct {
 	ready  atomic.Bool
 
 	leaseKick chan struct{}
+	// leaseDeadline is when (Config.Now's unix nanos) the expiry timer
+	// fires; a grant expiring earlier re-arms it.
+	leaseDeadline atomic.Int64
 	// closing is closed when Close starts: streams (watch, keepalive) end
 	// on it so a graceful stop does not wait for them forever.
 	closing chan struct{}
