@@ -359,3 +359,41 @@ func TestStartRefusesUnknownMember(t *testing.T) {
 	}
 	_ = pb.AlarmRequest_GET
 }
+
+// When storage fails the in-memory state is ahead of the disk: the server
+// must stop acknowledging anything, say so in Status and /health, and
+// never show the unpersisted change. The failure is real: the log is
+// closed under the server.
+func TestStorageFailureStopsServing(t *testing.T) {
+	s := startServer(t, "", nil)
+	c := newClient(t, s)
+	ctx := testCtx(t)
+	if _, err := c.Put(ctx, "k", "durable"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Put(ctx, "k", "lost")
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "storage failed") {
+		t.Fatalf("put after a storage failure: %v", err)
+	}
+	if _, err := c.Get(ctx, "k"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("get after a storage failure: %v", err)
+	}
+	if s.Ready() {
+		t.Fatal("Ready after a storage failure")
+	}
+	st, err := c.Status(ctx, s.ClientURLs()[0])
+	if err != nil || len(st.Errors) == 0 {
+		t.Fatalf("status after a storage failure: %+v %v", st, err)
+	}
+	resp, err := http.Get(s.ClientURLs()[0] + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/health after a storage failure: %d", resp.StatusCode)
+	}
+}
