@@ -32,8 +32,9 @@ type maintenanceServer struct {
 func (m *maintenanceServer) Status(ctx context.Context, r *pb.StatusRequest) (*pb.StatusResponse, error) {
 	s := m.s
 	s.mu.RLock()
-	rev, index := s.st.Rev(), s.st.Index()
+	index := s.st.Index()
 	s.mu.RUnlock()
+	rev := s.currentRev()
 	size := s.store.Size()
 	resp := &pb.StatusResponse{
 		Header:           s.header(nil, rev),
@@ -99,8 +100,7 @@ func (m *maintenanceServer) Alarm(ctx context.Context, r *pb.AlarmRequest) (*pb.
 	s := m.s
 	switch r.Action {
 	case pb.AlarmRequest_GET, pb.AlarmRequest_DEACTIVATE:
-		rev, _ := s.hub.snapshot()
-		return &pb.AlarmResponse{Header: s.header(nil, rev), Alarms: []*pb.AlarmMember{}}, nil
+		return &pb.AlarmResponse{Header: s.header(nil, s.currentRev()), Alarms: []*pb.AlarmMember{}}, nil
 	case pb.AlarmRequest_ACTIVATE:
 		return nil, status.Error(codes.Unimplemented, "edge: the edge store raises no alarms; activating one is not supported")
 	}
@@ -124,10 +124,11 @@ func (m *maintenanceServer) Downgrade(ctx context.Context, r *pb.DowngradeReques
 	return nil, status.Error(codes.Unimplemented, "edge: Downgrade is not supported by the edge store")
 }
 
+// currentRev is the newest durable revision: what headers of requests that
+// read no data carry, so no client hears of a revision a crash could undo.
 func (s *Server) currentRev() int64 {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.st.Rev()
+	rev, _ := s.hub.snapshot()
+	return rev
 }
 
 type clusterServer struct {

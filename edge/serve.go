@@ -5,9 +5,11 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	edgev1 "github.com/aethermesh/aether/api/edge/v1"
@@ -47,7 +50,12 @@ func (s *Server) serve() error {
 		}
 		network, addr := "tcp", u.Host
 		if u.Scheme == "unix" || u.Scheme == "unixs" {
+			// etcd's resolveURL, and like etcd's unix listener remove a
+			// socket file a previous run left behind.
 			network, addr = "unix", u.Host+u.Path
+			if err := os.Remove(addr); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("edge: remove stale socket %s: %w", addr, err)
+			}
 		}
 		l, err := net.Listen(network, addr)
 		if err != nil {
@@ -134,7 +142,17 @@ func (s *Server) newGRPCServer() *grpc.Server {
 		grpc.MaxRecvMsgSize(s.maxRequestBytes+grpcOverheadBytes),
 		grpc.MaxSendMsgSize(math.MaxInt32),
 		grpc.MaxConcurrentStreams(math.MaxUint32),
-		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+		grpc.ChainUnaryInterceptor(s.metrics.unary, s.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.metrics.stream),
+		// etcd's keepalive defaults (--grpc-keepalive-min-time 5s,
+		// -interval 2h, -timeout 20s). grpc-go's own enforcement minimum
+		// is 5 minutes: clients that ping more often, as clientv3 users
+		// with DialKeepAliveTime do, would be cut off with too_many_pings.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second}),
+		// Close relies on no handler running once the gRPC server has
+		// stopped: the committer and storage close after it.
+		grpc.WaitForHandlers(true),
 	)
 	pb.RegisterKVServer(g, &kvServer{s: s})
 	pb.RegisterWatchServer(g, &watchServer{s: s})
@@ -152,8 +170,7 @@ func (s *Server) newGRPCServer() *grpc.Server {
 }
 
 // unaryInterceptor gives the Auth methods that are not implemented a clear
-// message instead of grpc's generic one, and refuses everything once
-// storage has failed.
+// message instead of grpc's generic one.
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	resp, err := h(ctx, req)
 	if err != nil && strings.HasPrefix(info.FullMethod, "/etcdserverpb.Auth/") && status.Code(err) == codes.Unimplemented {

@@ -123,6 +123,9 @@ type Server struct {
 	ready  atomic.Bool
 
 	leaseKick chan struct{}
+	// leaseDeadline is when (Config.Now's unix nanos) the expiry timer
+	// fires; a grant expiring earlier re-arms it.
+	leaseDeadline atomic.Int64
 	// closing is closed when Close starts: streams (watch, keepalive) end
 	// on it so a graceful stop does not wait for them forever.
 	closing chan struct{}
@@ -182,7 +185,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, errors.New("edge: at least one listen client URL is required")
 	}
 
-	s.metrics = newServerMetrics(s.reg)
+	s.metrics = newServerMetrics(s)
 	var err error
 	if s.members, err = clusterMembers(cfg); err != nil {
 		return nil, err
@@ -190,7 +193,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if s.store, err = storage.Open(cfg.DataDir); err != nil {
 		return nil, fmt.Errorf("edge: open storage in %s: %w", cfg.DataDir, err)
 	}
-	if err := s.recover(); err != nil {
+	if err := s.recover(ctx); err != nil {
 		return nil, errors.Join(err, s.store.Close())
 	}
 	s.reqID = newReqIDGen(s.memberID, s.now())
@@ -215,7 +218,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 // recover rebuilds the core from the log: every stored change is replayed
 // with its original index and revision, so revisions and change hashes are
 // the ones acknowledged before the restart.
-func (s *Server) recover() error {
+func (s *Server) recover(ctx context.Context) error {
 	ids, err := s.identity()
 	if err != nil {
 		return err
@@ -226,6 +229,12 @@ func (s *Server) recover() error {
 	n := 0
 	compacted, err := s.store.Load(func(r storage.Record) error {
 		n++
+		// A long replay still answers to the caller's deadline.
+		if n%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
 		if err := s.st.Replay(r.Change, r.Index, r.Rev); err != nil {
 			return fmt.Errorf("replay change %d (rev %d): %w", r.Index, r.Rev, err)
 		}

@@ -331,8 +331,20 @@ func TestHTTPOnClientPort(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("aether_edge_commit_batch_changes")) {
+	if resp.StatusCode != 200 {
 		t.Fatalf("/metrics: %d %.200s", resp.StatusCode, body)
+	}
+	for _, want := range []string{
+		"aether_edge_commit_batch_changes_count 1",
+		"etcd_server_has_leader 1",
+		"etcd_debugging_mvcc_current_revision 2",
+		`grpc_server_handled_total{grpc_code="OK",grpc_method="Put",grpc_service="etcdserverpb.KV",grpc_type="unary"} 1`,
+		`etcd_server_version{server_version="3.7.3"} 1`,
+		"etcd_disk_wal_fsync_duration_seconds_count 1",
+	} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 }
 
@@ -346,4 +358,42 @@ func TestStartRefusesUnknownMember(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	_ = pb.AlarmRequest_GET
+}
+
+// When storage fails the in-memory state is ahead of the disk: the server
+// must stop acknowledging anything, say so in Status and /health, and
+// never show the unpersisted change. The failure is real: the log is
+// closed under the server.
+func TestStorageFailureStopsServing(t *testing.T) {
+	s := startServer(t, "", nil)
+	c := newClient(t, s)
+	ctx := testCtx(t)
+	if _, err := c.Put(ctx, "k", "durable"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Put(ctx, "k", "lost")
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "storage failed") {
+		t.Fatalf("put after a storage failure: %v", err)
+	}
+	if _, err := c.Get(ctx, "k"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("get after a storage failure: %v", err)
+	}
+	if s.Ready() {
+		t.Fatal("Ready after a storage failure")
+	}
+	st, err := c.Status(ctx, s.ClientURLs()[0])
+	if err != nil || len(st.Errors) == 0 {
+		t.Fatalf("status after a storage failure: %+v %v", st, err)
+	}
+	resp, err := http.Get(s.ClientURLs()[0] + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/health after a storage failure: %d", resp.StatusCode)
+	}
 }

@@ -48,9 +48,14 @@ import (
 //   - A progress request that arrives while watchers are catching up is
 //     answered once they have caught up, instead of being dropped.
 
-// ringRevisions is how many recent revisions the hub keeps for synced
-// watchers; a watcher further behind reads the core's history instead.
-const ringRevisions = 4096
+// ringRevisions and ringBytes bound the recent revisions the hub keeps for
+// synced watchers; a watcher further behind reads the core's history
+// instead. The entries share their bytes with the core, but they keep
+// compacted values alive, hence the byte bound too.
+const (
+	ringRevisions = 4096
+	ringBytes     = 64 << 20
+)
 
 // watchBatchMaxRevs is etcd's cap on the revisions in one catch-up response.
 const watchBatchMaxRevs = 1000
@@ -59,6 +64,18 @@ const watchBatchMaxRevs = 1000
 type published struct {
 	rev    int64
 	events []*mvccpb.Event
+	size   int // bytes of keys and values the events reference
+}
+
+func eventsSize(evs []*mvccpb.Event) int {
+	n := 0
+	for _, ev := range evs {
+		n += len(ev.Kv.Key) + len(ev.Kv.Value)
+		if ev.PrevKv != nil {
+			n += len(ev.PrevKv.Value)
+		}
+	}
+	return n
 }
 
 // hub holds the durable revision, recent history, and the open streams.
@@ -70,6 +87,7 @@ type hub struct {
 	compacted int64
 	ring      []published // consecutive revisions, oldest first
 	ringMax   int         // ringRevisions; tests shrink it
+	ringSize  int         // sum of the entries' sizes
 	streams   map[*watchStream]struct{}
 	// catchUps counts reads of the core's history by watchers (created in
 	// the past or fallen behind the ring); tests use it to prove a path ran.
@@ -88,13 +106,20 @@ func (h *hub) publish(aps []*core.Applied) {
 		if ap.Rev == 0 {
 			continue
 		}
-		h.ring = append(h.ring, published{rev: ap.Rev, events: ap.Events})
+		e := published{rev: ap.Rev, events: ap.Events, size: eventsSize(ap.Events)}
+		h.ring = append(h.ring, e)
+		h.ringSize += e.size
 		h.rev = ap.Rev
 		changed = true
 	}
-	if len(h.ring) > 2*h.ringMax {
-		// Copy rather than reslice so the dropped entries can be freed.
-		h.ring = append([]published(nil), h.ring[len(h.ring)-h.ringMax:]...)
+	for len(h.ring) > 1 && (len(h.ring) > h.ringMax || h.ringSize > ringBytes) {
+		h.ringSize -= h.ring[0].size
+		h.ring[0] = published{} // release the events before reslicing
+		h.ring = h.ring[1:]
+	}
+	if cap(h.ring) > 4*len(h.ring)+1024 {
+		// Move to a fresh array so the dropped prefix can be freed.
+		h.ring = append(make([]published, 0, 2*len(h.ring)), h.ring...)
 	}
 	var wake []*watchStream
 	if changed {
@@ -140,9 +165,8 @@ func (h *hub) since(from, to int64) ([]published, bool) {
 	if lo >= hi {
 		return nil, true
 	}
-	// The entries are never modified once appended, so the caller may read
-	// this subslice without the lock.
-	return h.ring[lo:hi:hi], true
+	// A copy: publish zeroes entries it drops from the shared array.
+	return append([]published(nil), h.ring[lo:hi]...), true
 }
 
 func (h *hub) register(ws *watchStream) {
@@ -220,7 +244,10 @@ func (w *watchServer) Watch(srv pb.Watch_WatchServer) error {
 	s := w.s
 	ws := &watchStream{s: s, srv: srv, wake: make(chan struct{}, 1), watchers: map[int64]*watcher{}}
 	s.hub.register(ws)
-	defer s.hub.unregister(ws)
+	defer func() {
+		s.hub.unregister(ws)
+		s.metrics.watchers.Sub(float64(len(ws.watchers)))
+	}()
 
 	ctx := srv.Context()
 	reqs := make(chan *pb.WatchRequest)
@@ -297,6 +324,7 @@ func (ws *watchStream) handle(req *pb.WatchRequest, synced int64) error {
 			return nil // etcd answers nothing for an unknown id
 		}
 		delete(ws.watchers, id)
+		ws.s.metrics.watchers.Dec()
 		rev, _ := ws.s.hub.snapshot()
 		return ws.srv.Send(&pb.WatchResponse{Header: ws.newHeader(rev), WatchId: id, Canceled: true})
 	case *pb.WatchRequest_ProgressRequest:
@@ -366,6 +394,7 @@ func (ws *watchStream) create(creq *pb.WatchCreateRequest) error {
 		w.unsynced = true
 	}
 	ws.watchers[id] = w
+	ws.s.metrics.watchers.Inc()
 	return ws.srv.Send(&pb.WatchResponse{Header: ws.newHeader(rev), WatchId: id, Created: true})
 }
 
@@ -452,6 +481,7 @@ func (ws *watchStream) catchUp(w *watcher, rev int64) (bool, error) {
 		// etcd: the watcher is removed and told the compaction revision;
 		// its header carries revision 0.
 		delete(ws.watchers, w.id)
+		s.metrics.watchers.Dec()
 		return true, ws.srv.Send(&pb.WatchResponse{Header: ws.newHeader(0), WatchId: w.id,
 			CompactRevision: compacted, Canceled: true})
 	}

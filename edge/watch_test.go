@@ -13,6 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/aethermesh/aether/edge/internal/core"
 )
 
 // recvWatch reads one watch response or fails after a deadline.
@@ -294,5 +296,30 @@ func TestWatchSlowWatcherLosesNothing(t *testing.T) {
 	}
 	if s.hub.catchUps.Load() == before {
 		t.Fatal("the watcher never fell behind the ring: the test did not exercise the catch-up path")
+	}
+}
+
+// The ring of recent revisions is bounded by bytes as well as revisions,
+// since its entries keep values alive after a compaction.
+func TestHubRingBounds(t *testing.T) {
+	h := newHub(&Server{st: core.New(1)}, 1)
+	val := make([]byte, 1<<20)
+	for rev := int64(2); rev < 202; rev++ {
+		h.publish([]*core.Applied{{Rev: rev, Events: []*mvccpb.Event{{Kv: &mvccpb.KeyValue{Key: []byte("k"), Value: val, ModRevision: rev}}}}})
+	}
+	if h.ringSize > ringBytes || len(h.ring) != ringBytes/(1<<20+1) {
+		t.Fatalf("ring holds %d revisions, %d bytes; want %d revisions under %d bytes", len(h.ring), h.ringSize, ringBytes/(1<<20+1), ringBytes)
+	}
+	if got, ok := h.since(201, 201); !ok || len(got) != 1 || got[0].rev != 201 {
+		t.Fatalf("newest revision: %v %v", got, ok)
+	}
+	if _, ok := h.since(100, 201); ok {
+		t.Fatal("revision 100 should have left the ring")
+	}
+	for rev := int64(202); rev < 202+2*ringRevisions; rev++ {
+		h.publish([]*core.Applied{{Rev: rev, Events: []*mvccpb.Event{{Kv: &mvccpb.KeyValue{Key: []byte("k"), ModRevision: rev}}}}})
+	}
+	if len(h.ring) != ringRevisions {
+		t.Fatalf("ring holds %d small revisions, want %d", len(h.ring), ringRevisions)
 	}
 }
