@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/aethermesh/aether/edge/internal/core"
@@ -129,6 +130,9 @@ type Server struct {
 	// closing is closed when Close starts: streams (watch, keepalive) end
 	// on it so a graceful stop does not wait for them forever.
 	closing chan struct{}
+
+	// inproc is the in-process client the Lock and Election services use.
+	inproc *clientv3.Client
 
 	listeners []net.Listener
 	grpc      *grpc.Server
@@ -364,6 +368,11 @@ func (s *Server) Close(ctx context.Context) error {
 			_ = l.Close()
 		}
 		s.serveWG.Wait()
+		if s.inproc != nil {
+			// Its watch and keepalive streams are in-process: the gRPC
+			// stop does not end them, closing the client does.
+			_ = s.inproc.Close()
+		}
 		if s.stopLoops != nil {
 			s.stopLoops()
 		}

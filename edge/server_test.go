@@ -8,15 +8,18 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/membership"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -395,5 +398,40 @@ func TestStorageFailureStopsServing(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("/health after a storage failure: %d", resp.StatusCode)
+	}
+}
+
+// Close ends every goroutine the server started: the count returns to
+// what it was before Start once the server and its client are closed.
+func TestCloseJoinsGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	func() {
+		s := startServer(t, "", nil)
+		c, err := clientv3.New(clientv3.Config{Endpoints: s.ClientURLs(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := testCtx(t)
+		wch := c.Watch(ctx, "k", clientv3.WithPrefix())
+		g, _ := c.Grant(ctx, 30)
+		if _, err := c.KeepAlive(ctx, g.ID); err != nil {
+			t.Fatal(err)
+		}
+		c.Put(ctx, "k", "v", clientv3.WithLease(g.ID))
+		recvWatch(t, wch)
+		lc := v3lockpb.NewLockClient(c.ActiveConnection())
+		if _, err := lc.Lock(ctx, &v3lockpb.LockRequest{Name: []byte("m"), Lease: int64(g.ID)}); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		closeServer(t, s)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines before Start, %d after Close:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
