@@ -102,6 +102,10 @@ func (m *maintenanceServer) Alarm(ctx context.Context, r *pb.AlarmRequest) (*pb.
 	case pb.AlarmRequest_GET, pb.AlarmRequest_DEACTIVATE:
 		return &pb.AlarmResponse{Header: s.header(nil, s.currentRev()), Alarms: []*pb.AlarmMember{}}, nil
 	case pb.AlarmRequest_ACTIVATE:
+		if r.Alarm == pb.AlarmType_NONE {
+			// etcd ignores it the same way.
+			return &pb.AlarmResponse{Header: s.header(nil, s.currentRev()), Alarms: []*pb.AlarmMember{}}, nil
+		}
 		return nil, status.Error(codes.Unimplemented, "edge: the edge store raises no alarms; activating one is not supported")
 	}
 	return nil, status.Errorf(codes.InvalidArgument, "edge: unknown alarm action %d", r.Action)

@@ -14,16 +14,20 @@
 //   - Group commit: the committer goroutine takes every change applied since
 //     its last write and persists them with one storage.Append (one bbolt
 //     transaction, one fsync). A write is acknowledged only when its batch is
-//     durable, and a read that saw a change not yet durable waits for that
-//     change's batch too, so no response ever shows state a crash could lose
-//     (etcd's durability guarantee).
+//     durable. A plain Range reads at the newest durable revision; any other
+//     read that may have seen a change not yet durable waits for that
+//     change's batch. So no response ever shows state, or a revision, that
+//     a crash could take back (etcd's durability guarantee).
 //   - Watchers are fed by the committer after durability, in revision order,
 //     one change at a time (watch.go).
 //   - Lease expiry is a timer set to core.NextLeaseExpiry; expired leases
 //     become changes through the same commit path (lease.go).
 //
 // gRPC and HTTP/1 (/metrics, /health) share each client port, as etcd's do:
-// see serve.go for how connections are told apart.
+// see serve.go for how connections are told apart. Besides etcd's KV,
+// Watch, Lease, Maintenance, Cluster and Auth services the port serves
+// etcd's Lock and Election services (lockelect.go) and the edge store's own
+// aether.edge.v1.Edge (ext.go).
 package edge
 
 import (
