@@ -118,6 +118,10 @@ type Server struct {
 	mu sync.RWMutex
 	st *core.State
 
+	// compactionHashes: see maintenance.go (HashKV).
+	hashMu           sync.Mutex
+	compactionHashes []compactionHash
+
 	// compactMu orders compactions so the revision persisted last is the
 	// highest one.
 	compactMu sync.Mutex
