@@ -17,10 +17,6 @@ const Version = "3.7.3"
 // storageVersion is etcd 3.7's storage schema version as Status reports it.
 const storageVersion = "3.7.0"
 
-// defaultQuotaBytes is etcd's default backend quota (2 GiB), reported in
-// Status; the edge store enforces no quota.
-const defaultQuotaBytes = 2 * 1024 * 1024 * 1024
-
 type maintenanceServer struct {
 	pb.UnimplementedMaintenanceServer
 	s *Server
@@ -45,12 +41,16 @@ func (m *maintenanceServer) Status(ctx context.Context, r *pb.StatusRequest) (*p
 		RaftIndex:        index,
 		RaftTerm:         raftTerm,
 		RaftAppliedIndex: index,
-		DbSizeQuota:      defaultQuotaBytes,
+		DbSizeQuota:      s.quota,
 		StorageVersion:   storageVersion,
 		DowngradeInfo:    &pb.DowngradeInfo{},
 	}
 	if err := s.failure(); err != nil {
 		resp.Errors = append(resp.Errors, err.Error())
+	}
+	// etcd lists the active alarms as errors.
+	for _, a := range s.activeAlarms(pb.AlarmType_NONE) {
+		resp.Errors = append(resp.Errors, a.String())
 	}
 	return resp, nil
 }
@@ -60,6 +60,9 @@ func (m *maintenanceServer) Status(ctx context.Context, r *pb.StatusRequest) (*p
 // the same key space agree on it (the convergence check of part 2).
 func (m *maintenanceServer) HashKV(ctx context.Context, r *pb.HashKVRequest) (*pb.HashKVResponse, error) {
 	s := m.s
+	if c, ok := s.compactionHash(r.Revision); ok {
+		return &pb.HashKVResponse{Header: s.header(nil, s.currentRev()), Hash: c.hash, CompactRevision: c.prev, HashRevision: c.rev}, nil
+	}
 	var h uint32
 	var hashRev, compacted int64
 	rev, err := s.read(ctx, func() (err error) {
@@ -71,6 +74,47 @@ func (m *maintenanceServer) HashKV(ctx context.Context, r *pb.HashKVRequest) (*p
 		return nil, err
 	}
 	return &pb.HashKVResponse{Header: s.header(nil, rev), Hash: h, CompactRevision: compacted, HashRevision: hashRev}, nil
+}
+
+// etcd hashes the store at every compaction and keeps the last ten hashes
+// (storage/mvcc/hash.go); HashKV of exactly such a revision answers the
+// kept hash, even once a later compaction has removed that revision, with
+// the compaction before it as CompactRevision. The same here, in memory as
+// in etcd.
+const compactionHashesKept = 10
+
+type compactionHash struct {
+	rev, prev int64
+	hash      uint32
+}
+
+// noteCompactionHash hashes the store at rev, just compacted after prev.
+// The caller holds compactMu, so rev is still the compaction revision and
+// still readable.
+func (s *Server) noteCompactionHash(rev, prev int64) {
+	s.mu.RLock()
+	h, _, err := s.st.HashKV(rev)
+	s.mu.RUnlock()
+	if err != nil {
+		return
+	}
+	s.hashMu.Lock()
+	defer s.hashMu.Unlock()
+	s.compactionHashes = append(s.compactionHashes, compactionHash{rev: rev, prev: prev, hash: h})
+	if n := len(s.compactionHashes); n > compactionHashesKept {
+		s.compactionHashes = append([]compactionHash(nil), s.compactionHashes[n-compactionHashesKept:]...)
+	}
+}
+
+func (s *Server) compactionHash(rev int64) (compactionHash, bool) {
+	s.hashMu.Lock()
+	defer s.hashMu.Unlock()
+	for _, c := range s.compactionHashes {
+		if c.rev == rev {
+			return c, true
+		}
+	}
+	return compactionHash{}, false
 }
 
 // Hash (deprecated in etcd) answers the HashKV of the current revision.
@@ -92,19 +136,42 @@ func (m *maintenanceServer) Defragment(ctx context.Context, r *pb.DefragmentRequ
 	return &pb.DefragmentResponse{}, nil
 }
 
-// Alarm: the edge store raises no alarms (no quota, no corruption checks),
-// so the list is always empty. Activating one is refused (nothing would
-// ever clear it on its own); deactivating one that is not active succeeds,
-// as in etcd.
+// Alarm is etcd's: GET lists this member's active alarms (of a type, or
+// all), ACTIVATE raises one, DEACTIVATE clears one (answering it when it
+// was active). The edge store raises NOSPACE itself (quota.go) and enforces
+// it; CORRUPT it never raises (no corruption checker), and activating it by
+// hand is refused since nothing here would act on it.
 func (m *maintenanceServer) Alarm(ctx context.Context, r *pb.AlarmRequest) (*pb.AlarmResponse, error) {
 	s := m.s
+	resp := &pb.AlarmResponse{Alarms: []*pb.AlarmMember{}}
 	switch r.Action {
-	case pb.AlarmRequest_GET, pb.AlarmRequest_DEACTIVATE:
-		return &pb.AlarmResponse{Header: s.header(nil, s.currentRev()), Alarms: []*pb.AlarmMember{}}, nil
+	case pb.AlarmRequest_GET:
+		resp.Alarms = s.activeAlarms(r.Alarm)
 	case pb.AlarmRequest_ACTIVATE:
-		return nil, status.Error(codes.Unimplemented, "edge: the edge store raises no alarms; activating one is not supported")
+		switch r.Alarm {
+		case pb.AlarmType_NONE:
+			// etcd ignores it the same way.
+		case pb.AlarmType_NOSPACE:
+			if _, err := s.setAlarm(r.Alarm, true); err != nil {
+				return nil, status.Error(codes.Unavailable, err.Error())
+			}
+			resp.Alarms = append(resp.Alarms, &pb.AlarmMember{MemberID: s.memberID, Alarm: r.Alarm})
+		default:
+			return nil, status.Errorf(codes.Unimplemented, "edge: activating the %s alarm is not supported: the edge store would not act on it", r.Alarm)
+		}
+	case pb.AlarmRequest_DEACTIVATE:
+		was, err := s.setAlarm(r.Alarm, false)
+		if err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+		if was {
+			resp.Alarms = append(resp.Alarms, &pb.AlarmMember{MemberID: s.memberID, Alarm: r.Alarm})
+		}
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "edge: unknown alarm action %d", r.Action)
 	}
-	return nil, status.Errorf(codes.InvalidArgument, "edge: unknown alarm action %d", r.Action)
+	resp.Header = s.header(nil, s.currentRev())
+	return resp, nil
 }
 
 func (m *maintenanceServer) Snapshot(r *pb.SnapshotRequest, srv pb.Maintenance_SnapshotServer) error {

@@ -161,6 +161,7 @@ func (s *Server) newGRPCServer() *grpc.Server {
 	pb.RegisterMaintenanceServer(g, &maintenanceServer{s: s})
 	pb.RegisterAuthServer(g, &authServer{s: s})
 	edgev1.RegisterEdgeServer(g, &extServer{s: s})
+	s.registerLockElection(g)
 	// etcd serves the standard gRPC health service too (clients' health
 	// checking uses it).
 	hs := health.NewServer()

@@ -14,16 +14,20 @@
 //   - Group commit: the committer goroutine takes every change applied since
 //     its last write and persists them with one storage.Append (one bbolt
 //     transaction, one fsync). A write is acknowledged only when its batch is
-//     durable, and a read that saw a change not yet durable waits for that
-//     change's batch too, so no response ever shows state a crash could lose
-//     (etcd's durability guarantee).
+//     durable. A plain Range reads at the newest durable revision; any other
+//     read that may have seen a change not yet durable waits for that
+//     change's batch. So no response ever shows state, or a revision, that
+//     a crash could take back (etcd's durability guarantee).
 //   - Watchers are fed by the committer after durability, in revision order,
 //     one change at a time (watch.go).
 //   - Lease expiry is a timer set to core.NextLeaseExpiry; expired leases
 //     become changes through the same commit path (lease.go).
 //
 // gRPC and HTTP/1 (/metrics, /health) share each client port, as etcd's do:
-// see serve.go for how connections are told apart.
+// see serve.go for how connections are told apart. Besides etcd's KV,
+// Watch, Lease, Maintenance, Cluster and Auth services the port serves
+// etcd's Lock and Election services (lockelect.go) and the edge store's own
+// aether.edge.v1.Edge (ext.go).
 package edge
 
 import (
@@ -42,6 +46,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/aethermesh/aether/edge/internal/core"
@@ -89,6 +94,9 @@ type Config struct {
 	// etcd's default (10 minutes); values under 100ms are raised to 100ms
 	// as etcd does.
 	WatchProgressNotifyInterval time.Duration
+	// QuotaBackendBytes is etcd's --quota-backend-bytes: 0 means etcd's
+	// default (2 GiB), negative no quota. See quota.go for what it bounds.
+	QuotaBackendBytes int64
 }
 
 // Server is one running edge replica.
@@ -113,6 +121,16 @@ type Server struct {
 	mu sync.RWMutex
 	st *core.State
 
+	// quota (bytes, <0: none), the retained history it bounds, and the
+	// alarms (quota.go).
+	quota     int64
+	quotaUsed atomic.Int64
+	alarms    alarmSet
+
+	// compactionHashes: see maintenance.go (HashKV).
+	hashMu           sync.Mutex
+	compactionHashes []compactionHash
+
 	// compactMu orders compactions so the revision persisted last is the
 	// highest one.
 	compactMu sync.Mutex
@@ -129,6 +147,9 @@ type Server struct {
 	// closing is closed when Close starts: streams (watch, keepalive) end
 	// on it so a graceful stop does not wait for them forever.
 	closing chan struct{}
+
+	// inproc is the in-process client the Lock and Election services use.
+	inproc *clientv3.Client
 
 	listeners []net.Listener
 	grpc      *grpc.Server
@@ -156,6 +177,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		maxRequestBytes:  cfg.MaxRequestBytes,
 		maxTxnOps:        cfg.MaxTxnOps,
 		progressInterval: cfg.WatchProgressNotifyInterval,
+		quota:            quotaLimit(cfg.QuotaBackendBytes),
 		leaseKick:        make(chan struct{}, 1),
 		closing:          make(chan struct{}),
 	}
@@ -224,8 +246,20 @@ func (s *Server) recover(ctx context.Context) error {
 		return err
 	}
 	s.memberID, s.clusterID = ids[0], ids[1]
+	if err := s.loadAlarms(); err != nil {
+		return err
+	}
 	s.st = core.New(core.ReplicaID(s.memberID))
 	s.st.SetMaxTxnOps(s.maxTxnOps)
+	// Storage can hold a checkpoint (a state snapshot bounding the log),
+	// but the core has no snapshot encoding yet, so this server never
+	// writes one; refuse a data dir that has one rather than replay only
+	// the changes after it.
+	if idx, _, err := s.store.Snapshot(); err != nil {
+		return fmt.Errorf("edge: read checkpoint: %w", err)
+	} else if idx > 0 {
+		return fmt.Errorf("edge: %s holds a checkpoint at index %d, which this build cannot restore", s.cfg.DataDir, idx)
+	}
 	n := 0
 	compacted, err := s.store.Load(func(r storage.Record) error {
 		n++
@@ -258,6 +292,7 @@ func (s *Server) recover(ctx context.Context) error {
 	// etcd's behaviour after a restart: every lease gets its full TTL again,
 	// since the time the server was down must not expire them.
 	s.st.PromoteLeases(s.now())
+	s.recountQuota()
 	s.log.Info("recovered", "changes", n, "revision", s.st.Rev(), "index", s.st.Index(), "compacted", compacted)
 	return nil
 }
@@ -364,6 +399,11 @@ func (s *Server) Close(ctx context.Context) error {
 			_ = l.Close()
 		}
 		s.serveWG.Wait()
+		if s.inproc != nil {
+			// Its watch and keepalive streams are in-process: the gRPC
+			// stop does not end them, closing the client does.
+			_ = s.inproc.Close()
+		}
 		if s.stopLoops != nil {
 			s.stopLoops()
 		}
