@@ -146,7 +146,7 @@ type Feed struct {
 // feed is its only writer and counts along, so that it knows, before an
 // update answers any watch, the version the answers will carry.
 type linear struct {
-	c      *cachev3.LinearCache
+	c      resCache
 	prefix string
 	n      uint64
 }
@@ -200,7 +200,8 @@ func NewFeed(cfg FeedConfig) (*Feed, error) {
 // '-' so that no cache's prefix is another's ("e1-" is not a prefix of
 // "e12-7").
 func (f *Feed) newEDS(i int) *linear {
-	return newLinear(resourcev3.EndpointType, f.epoch+"-e"+strconv.Itoa(i)+"-", cacheLogger{f.log})
+	prefix := f.epoch + "-e" + strconv.Itoa(i) + "-"
+	return &linear{c: newEDSCache(resourcev3.EndpointType, prefix), prefix: prefix}
 }
 
 // Cache is the cache the feed keeps, for the server: go-control-plane's
@@ -630,7 +631,7 @@ func (c *feedCache) release() {
 
 // of is the LinearCache of a type for a node; nil for a type the feed
 // does not serve.
-func (c *feedCache) of(typeURL string, n *corev3.Node) *cachev3.LinearCache {
+func (c *feedCache) of(typeURL string, n *corev3.Node) resCache {
 	switch typeURL {
 	case resourcev3.ListenerType:
 		return c.f.lds.c
