@@ -3,6 +3,8 @@ package xds
 import (
 	"fmt"
 	"maps"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -102,6 +104,16 @@ type edsWatch struct {
 	wild  bool
 	armed bool
 
+	// sent is the known versions of the last response sent: when the
+	// next watch's subscription holds these (the server recorded the
+	// response) and watches the same names, only dirty, what changed
+	// since, needs computing. pending is what the last computation found
+	// removed and did not send (state of the world sends no removal
+	// alone for this type).
+	sent    map[string]string
+	dirty   map[string]struct{}
+	pending []string
+
 	req  *cachev3.Request
 	dreq *cachev3.DeltaRequest
 	sub  cachev3.Subscription
@@ -137,19 +149,34 @@ func (c *edsCache) UpdateResources(put map[string]types.Resource, del []string) 
 		a := &anypb.Any{TypeUrl: c.typeURL, Value: b}
 		entries[name] = &edsEntry{res: r, version: v, any: a, delta: &discoverygrpc.Resource{Name: name, Resource: a, Version: cachev3.HashResource(b)}}
 	}
+	mod := make(map[string]struct{}, len(entries)+len(del))
 	touched := map[*edsWatch]struct{}{}
 	for name, e := range entries {
 		c.res[name] = e
+		mod[name] = struct{}{}
 		maps.Copy(touched, c.byName[name])
 	}
 	for _, name := range del {
 		delete(c.res, name)
+		mod[name] = struct{}{}
 		maps.Copy(touched, c.byName[name])
 	}
 	maps.Copy(touched, c.wild)
 	for w := range touched {
 		if w.armed {
-			c.answerLocked(w, false)
+			// Armed, w was up to date but for what changed since.
+			c.answerLocked(w, false, false, mod)
+			continue
+		}
+		// Not armed (its response in flight, or its stream gone): what
+		// changed is looked at when it is re-armed.
+		if w.dirty == nil {
+			w.dirty = map[string]struct{}{}
+		}
+		for name := range mod {
+			if _, ok := w.names[name]; ok || w.wild {
+				w.dirty[name] = struct{}{}
+			}
 		}
 	}
 	c.sweepLocked()
@@ -157,23 +184,56 @@ func (c *edsCache) UpdateResources(put map[string]types.Resource, del []string) 
 }
 
 // answerLocked sends w its response, if it has one due, and disarms it
-// then; it reports whether it sent.
-func (c *edsCache) answerLocked(w *edsWatch, replyEvenIfEmpty bool) bool {
+// then; it reports whether it sent. full computes what the stream lacks
+// over all it watches (linear.go computeResourceChange), else over only:
+// the names that can have moved since w was last computed in full.
+func (c *edsCache) answerLocked(w *edsWatch, replyEvenIfEmpty, full bool, only map[string]struct{}) bool {
+	version := sotwVersion
 	if w.delta {
-		r := c.deltaResponseLocked(w, replyEvenIfEmpty)
-		if r == nil {
+		version = deltaVersion
+	}
+	var changed, removed []string
+	if full {
+		changed, removed = c.changesLocked(w, version)
+	} else {
+		changed, removed = c.changesInLocked(w, version, only)
+	}
+	if w.delta {
+		if len(changed) == 0 && len(removed) == 0 && !replyEvenIfEmpty {
+			w.pending = nil
 			return false
 		}
-		w.armed = false
-		w.dout <- r // buffered: a stream has one watch of a type armed at most
-		return true
-	}
-	r := c.sotwResponseLocked(w, replyEvenIfEmpty)
-	if r == nil {
+	} else if len(changed) == 0 && !replyEvenIfEmpty {
+		// A removal alone is not sent in state of the world for this
+		// type; it goes with the next response.
+		w.pending = removed
 		return false
 	}
-	w.armed = false
-	w.out <- r
+	next := c.nextKnownLocked(w, changed, removed, version)
+	w.armed, w.sent, w.dirty, w.pending = false, next, nil, nil
+	if w.delta {
+		res := make([]*discoverygrpc.Resource, 0, len(changed))
+		for _, name := range changed {
+			res = append(res, c.res[name].delta)
+		}
+		w.dout <- &cachev3.DeltaPassthroughResponse{ // buffered: a stream has one watch of a type armed at most
+			DeltaRequest:   w.dreq,
+			NextVersionMap: next,
+			DeltaDiscoveryResponse: &discoverygrpc.DeltaDiscoveryResponse{
+				Resources: res, RemovedResources: removed, TypeUrl: c.typeURL, SystemVersionInfo: c.versionLocked(),
+			},
+		}
+		return true
+	}
+	res := make([]*anypb.Any, 0, len(changed))
+	for _, name := range changed {
+		res = append(res, c.res[name].any)
+	}
+	w.out <- &cachev3.PassthroughResponse{
+		Request:           w.req,
+		DiscoveryResponse: &discoverygrpc.DiscoveryResponse{VersionInfo: c.versionLocked(), Resources: res, TypeUrl: c.typeURL},
+		ReturnedResources: next,
+	}
 	return true
 }
 
@@ -217,6 +277,46 @@ func (c *edsCache) changesLocked(w *edsWatch, version func(*edsEntry) string) (c
 	return changed, removed
 }
 
+// changesInLocked is changesLocked over the names in only, for a watch
+// whose last full computation (or response) is current for every other
+// name: the known versions and the subscription are the same (the
+// server changes them only between a cancel and the next watch), and
+// the cache's resources changed only in only. What that computation
+// found removed and did not send (pending) is removed still unless it
+// came back.
+func (c *edsCache) changesInLocked(w *edsWatch, version func(*edsEntry) string, only map[string]struct{}) (changed, removed []string) {
+	known := w.sub.ReturnedResources()
+	subscribed := w.sub.SubscribedResources()
+	wild := w.sub.IsWildcard()
+	in := func(name string) bool {
+		_, ok := subscribed[name]
+		return ok || wild
+	}
+	for _, name := range w.pending {
+		if _, moved := only[name]; moved && c.res[name] != nil && in(name) {
+			continue // back: changedIn sees it below
+		}
+		removed = append(removed, name)
+	}
+	for name := range only {
+		if !in(name) {
+			continue
+		}
+		e := c.res[name]
+		v, ok := known[name]
+		if e == nil {
+			if ok && !slices.Contains(w.pending, name) {
+				removed = append(removed, name)
+			}
+			continue
+		}
+		if !ok || v != version(e) {
+			changed = append(changed, name)
+		}
+	}
+	return changed, removed
+}
+
 func (c *edsCache) nextKnownLocked(w *edsWatch, changed, removed []string, version func(*edsEntry) string) map[string]string {
 	next := maps.Clone(w.sub.ReturnedResources())
 	if next == nil {
@@ -234,56 +334,18 @@ func (c *edsCache) nextKnownLocked(w *edsWatch, changed, removed []string, versi
 func sotwVersion(e *edsEntry) string  { return e.version }
 func deltaVersion(e *edsEntry) string { return e.delta.GetVersion() }
 
-// sotwResponseLocked is a LinearCache's answer for a type that is not
-// full state: the changed resources, none if nothing changed (unless
-// the request must be answered even so).
-func (c *edsCache) sotwResponseLocked(w *edsWatch, replyEvenIfEmpty bool) cachev3.Response {
-	changed, removed := c.changesLocked(w, sotwVersion)
-	if len(changed) == 0 && !replyEvenIfEmpty {
-		return nil // a removal alone is not sent in state of the world for this type
-	}
-	res := make([]*anypb.Any, 0, len(changed))
-	for _, name := range changed {
-		res = append(res, c.res[name].any)
-	}
-	return &cachev3.PassthroughResponse{
-		Request:           w.req,
-		DiscoveryResponse: &discoverygrpc.DiscoveryResponse{VersionInfo: c.versionLocked(), Resources: res, TypeUrl: c.typeURL},
-		ReturnedResources: c.nextKnownLocked(w, changed, removed, sotwVersion),
-	}
-}
-
-// deltaResponseLocked is a LinearCache's delta answer: the resources
-// whose hash the stream does not hold, and the names removed.
-func (c *edsCache) deltaResponseLocked(w *edsWatch, replyEvenIfEmpty bool) cachev3.DeltaResponse {
-	changed, removed := c.changesLocked(w, deltaVersion)
-	if len(changed) == 0 && len(removed) == 0 && !replyEvenIfEmpty {
-		return nil
-	}
-	res := make([]*discoverygrpc.Resource, 0, len(changed))
-	for _, name := range changed {
-		res = append(res, c.res[name].delta)
-	}
-	return &cachev3.DeltaPassthroughResponse{
-		DeltaRequest:   w.dreq,
-		NextVersionMap: c.nextKnownLocked(w, changed, removed, deltaVersion),
-		DeltaDiscoveryResponse: &discoverygrpc.DeltaDiscoveryResponse{
-			Resources: res, RemovedResources: removed, TypeUrl: c.typeURL, SystemVersionInfo: c.versionLocked(),
-		},
-	}
-}
-
 // watchLocked is the stream's registration for key, made or re-indexed
-// when its names changed.
-func (c *edsCache) watchLocked(key any, delta bool, sub cachev3.Subscription) *edsWatch {
-	w := c.streams[key]
+// when its names changed; same is false then.
+func (c *edsCache) watchLocked(key any, delta bool, sub cachev3.Subscription) (w *edsWatch, same bool) {
+	w = c.streams[key]
 	if w != nil && w.delta == delta {
 		delete(c.parked, w)
 		if w.wild != sub.IsWildcard() || !sameNames(w.names, sub.SubscribedResources()) {
 			c.unindexLocked(w)
 			c.indexLocked(w, sub)
+			return w, false
 		}
-		return w
+		return w, true
 	}
 	if w != nil {
 		c.dropLocked(w)
@@ -291,7 +353,14 @@ func (c *edsCache) watchLocked(key any, delta bool, sub cachev3.Subscription) *e
 	w = &edsWatch{key: key, delta: delta}
 	c.indexLocked(w, sub)
 	c.streams[key] = w
-	return w
+	return w, false
+}
+
+// sameMap reports whether a and b are one map (not equal ones): the
+// known versions the server holds are the very map of the last response
+// when it recorded that response.
+func sameMap(a, b map[string]string) bool {
+	return a != nil && b != nil && reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
 }
 
 func sameNames(a, b map[string]struct{}) bool {
@@ -390,9 +459,11 @@ func (c *edsCache) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, o
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sweepLocked()
-	w := c.watchLocked(out, false, sub)
+	w, same := c.watchLocked(out, false, sub)
 	w.req, w.sub, w.out, w.armed = req, sub, out, true
-	c.answerLocked(w, replyEvenIfEmpty)
+	full := replyEvenIfEmpty || !same || !sameMap(sub.ReturnedResources(), w.sent)
+	c.answerLocked(w, replyEvenIfEmpty, full, w.dirty)
+	w.dirty = nil
 	return c.cancelFn(w), nil
 }
 
@@ -407,9 +478,15 @@ func (c *edsCache) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subsc
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sweepLocked()
-	w := c.watchLocked(out, true, sub)
+	w, same := c.watchLocked(out, true, sub)
 	w.dreq, w.sub, w.dout, w.armed = req, sub, out, true
-	c.answerLocked(w, replyEvenIfEmpty)
+	// A request that (un)subscribes may have edited the known versions
+	// in place (stream.Subscription.UpdateResourceSubscriptions): in
+	// full then.
+	full := replyEvenIfEmpty || !same || len(req.GetResourceNamesSubscribe()) > 0 || len(req.GetResourceNamesUnsubscribe()) > 0 ||
+		!sameMap(sub.ReturnedResources(), w.sent)
+	c.answerLocked(w, replyEvenIfEmpty, full, w.dirty)
+	w.dirty = nil
 	return c.cancelFn(w), nil
 }
 
