@@ -81,9 +81,9 @@ type edsCache struct {
 	res     map[string]*edsEntry
 	byName  map[string]map[*edsWatch]struct{} // non-wildcard watches, by name watched
 	wild    map[*edsWatch]struct{}
-	streams map[any]*edsWatch       // by response channel
-	parked  map[*edsWatch]time.Time // cancelled, not re-armed, since
-	swept   time.Time
+	streams map[any]*edsWatch // by response channel
+	swept   time.Time         // the last sweep
+	tick    uint64            // sweeps so far: a parked watch's clock
 }
 
 // edsEntry is one resource at one version, marshalled.
@@ -103,6 +103,9 @@ type edsWatch struct {
 	names map[string]struct{} // a copy: the delta server edits the subscription's map in place
 	wild  bool
 	armed bool
+	// parkedAt is 1 + the sweep tick at which it was cancelled, while it
+	// is not re-armed; 0 otherwise.
+	parkedAt uint64
 
 	// sent is the known versions of the last response sent: when the
 	// next watch's subscription holds these (the server recorded the
@@ -125,7 +128,7 @@ func newEDSCache(typeURL, prefix string) *edsCache {
 	return &edsCache{
 		typeURL: typeURL, prefix: prefix, now: time.Now,
 		res: map[string]*edsEntry{}, byName: map[string]map[*edsWatch]struct{}{}, wild: map[*edsWatch]struct{}{},
-		streams: map[any]*edsWatch{}, parked: map[*edsWatch]time.Time{},
+		streams: map[any]*edsWatch{},
 	}
 }
 
@@ -339,7 +342,7 @@ func deltaVersion(e *edsEntry) string { return e.delta.GetVersion() }
 func (c *edsCache) watchLocked(key any, delta bool, sub cachev3.Subscription) (w *edsWatch, same bool) {
 	w = c.streams[key]
 	if w != nil && w.delta == delta {
-		delete(c.parked, w)
+		w.parkedAt = 0
 		if w.wild != sub.IsWildcard() || !sameNames(w.names, sub.SubscribedResources()) {
 			c.unindexLocked(w)
 			c.indexLocked(w, sub)
@@ -411,7 +414,6 @@ func (c *edsCache) unindexLocked(w *edsWatch) {
 
 func (c *edsCache) dropLocked(w *edsWatch) {
 	c.unindexLocked(w)
-	delete(c.parked, w)
 	if c.streams[w.key] == w {
 		delete(c.streams, w.key)
 	}
@@ -427,21 +429,24 @@ func (c *edsCache) cancelFn(w *edsWatch) func() {
 		defer c.mu.Unlock()
 		w.armed = false
 		if c.streams[w.key] == w {
-			c.parked[w] = c.now()
+			// The sweep's tick, not the time: a cancel on every ACK
+			// should cost no clock read. +1: zero is "not parked".
+			w.parkedAt = c.tick + 1
 		}
 	}
 }
 
-// sweepLocked drops the watches parked for longer than parkedFor: the
-// closed streams'. At most once a second.
+// sweepLocked drops the watches parked for parkedFor (as many sweeps,
+// a sweep being at most once a second): the closed streams'.
 func (c *edsCache) sweepLocked() {
 	now := c.now()
 	if now.Sub(c.swept) < time.Second {
 		return
 	}
 	c.swept = now
-	for w, since := range c.parked {
-		if now.Sub(since) >= parkedFor {
+	c.tick++
+	for _, w := range c.streams {
+		if w.parkedAt != 0 && c.tick+1-w.parkedAt >= uint64(parkedFor/time.Second) {
 			c.dropLocked(w)
 		}
 	}
