@@ -108,6 +108,10 @@ type typeState struct {
 	// sent after a feed change that came later was pushed to a waiting
 	// watch, which is what the push latency measures.
 	requested time.Time
+	// sentAt and ackedAt are TypeStatus's SentAt and AckedAt, kept as
+	// values (status makes the pointers): no allocation per response and
+	// ACK.
+	sentAt, ackedAt time.Time
 	// loggedNACK is the last version whose NACK was logged: grpc-go NACKs
 	// again whenever it asks again, and one line per version says it.
 	loggedNACK string
@@ -186,7 +190,7 @@ func (t *tracker) request(id int64, node *corev3.Node, typeURL, version, nonce s
 		// A delta ACK carries no version: its nonce is the ACK.
 		ts.State = Synced
 		ts.AckedVersion = ts.SentVersion
-		ts.AckedAt = &now
+		ts.ackedAt = now
 	}
 	if ts.State == NACKed {
 		return nack, ts.SentVersion
@@ -194,17 +198,16 @@ func (t *tracker) request(id int64, node *corev3.Node, typeURL, version, nonce s
 	return nack, ""
 }
 
-// sent records a response; it returns when the type's last request
-// arrived (for the push latency).
-func (t *tracker) sent(id int64, typeURL, version, nonce string) (requested time.Time) {
+// sent records a response sent at now; it returns when the type's last
+// request arrived (for the push latency).
+func (t *tracker) sent(id int64, typeURL, version, nonce string, now time.Time) (requested time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	_, ts := t.typeLocked(id, nil, typeURL)
 	if ts == nil {
 		return time.Time{}
 	}
-	now := time.Now()
-	ts.State, ts.SentVersion, ts.SentNonce, ts.SentAt = Stale, version, nonce, &now
+	ts.State, ts.SentVersion, ts.SentNonce, ts.sentAt = Stale, version, nonce, now
 	return ts.requested
 }
 
@@ -245,6 +248,14 @@ func (t *tracker) status() []ClientStatus {
 		}
 		for url, ts := range st.types {
 			s := ts.TypeStatus
+			if !ts.sentAt.IsZero() {
+				at := ts.sentAt
+				s.SentAt = &at
+			}
+			if !ts.ackedAt.IsZero() {
+				at := ts.ackedAt
+				s.AckedAt = &at
+			}
 			if s.LastNACK != nil {
 				n := *s.LastNACK
 				s.LastNACK = &n
