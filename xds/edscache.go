@@ -101,6 +101,11 @@ type edsWatch struct {
 	key   any
 	delta bool
 	names map[string]struct{} // a copy: the delta server edits the subscription's map in place
+	// asked is the resource_names of the state-of-the-world request the
+	// names were last checked against: the same list again (a client
+	// ACKs with the names it asked for) is the same names, which a
+	// comparison of strings tells cheaper than lookups of each name.
+	asked []string
 	wild  bool
 	armed bool
 	// parkedAt is 1 + the sweep tick at which it was cancelled, while it
@@ -338,12 +343,15 @@ func sotwVersion(e *edsEntry) string  { return e.version }
 func deltaVersion(e *edsEntry) string { return e.delta.GetVersion() }
 
 // watchLocked is the stream's registration for key, made or re-indexed
-// when its names changed; same is false then.
-func (c *edsCache) watchLocked(key any, delta bool, sub cachev3.Subscription) (w *edsWatch, same bool) {
+// when its names changed; same is false then. asked is a state-of-the-
+// world request's resource_names (nil for delta).
+func (c *edsCache) watchLocked(key any, delta bool, sub cachev3.Subscription, asked []string) (w *edsWatch, same bool) {
 	w = c.streams[key]
 	if w != nil && w.delta == delta {
 		w.parkedAt = 0
-		if w.wild != sub.IsWildcard() || !sameNames(w.names, sub.SubscribedResources()) {
+		quick := asked != nil && slices.Equal(asked, w.asked)
+		w.asked = asked
+		if w.wild != sub.IsWildcard() || !quick && !sameNames(w.names, sub.SubscribedResources()) {
 			c.unindexLocked(w)
 			c.indexLocked(w, sub)
 			return w, false
@@ -353,7 +361,7 @@ func (c *edsCache) watchLocked(key any, delta bool, sub cachev3.Subscription) (w
 	if w != nil {
 		c.dropLocked(w)
 	}
-	w = &edsWatch{key: key, delta: delta}
+	w = &edsWatch{key: key, delta: delta, asked: asked}
 	c.indexLocked(w, sub)
 	c.streams[key] = w
 	return w, false
@@ -464,7 +472,7 @@ func (c *edsCache) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, o
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sweepLocked()
-	w, same := c.watchLocked(out, false, sub)
+	w, same := c.watchLocked(out, false, sub, req.GetResourceNames())
 	w.req, w.sub, w.out, w.armed = req, sub, out, true
 	full := replyEvenIfEmpty || !same || !sameMap(sub.ReturnedResources(), w.sent)
 	c.answerLocked(w, replyEvenIfEmpty, full, w.dirty)
@@ -483,7 +491,7 @@ func (c *edsCache) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subsc
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sweepLocked()
-	w, same := c.watchLocked(out, true, sub)
+	w, same := c.watchLocked(out, true, sub, nil)
 	w.dreq, w.sub, w.dout, w.armed = req, sub, out, true
 	// A request that (un)subscribes may have edited the known versions
 	// in place (stream.Subscription.UpdateResourceSubscriptions): in

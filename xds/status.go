@@ -99,10 +99,16 @@ type streamState struct {
 	node             string
 	locality         *NodeLocality
 	opened           time.Time
-	types            map[string]*typeState
+	// types is by type URL: a stream asks for a few (the four the feed
+	// serves, or fewer), and a scan
+	// comparing strings (the same string each time, which compares at
+	// once) is cheaper than a map's hashing on every request and
+	// response.
+	types []*typeState
 }
 
 type typeState struct {
+	url string
 	TypeStatus
 	// requested is when the last request of the type arrived: a response
 	// sent after a feed change that came later was pushed to a waiting
@@ -122,7 +128,7 @@ func newTracker() *tracker { return &tracker{streams: map[int64]*streamState{}} 
 func (t *tracker) open(id int64, variant, typeURL string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.streams[id] = &streamState{id: id, variant: variant, service: serviceLabel(typeURL), opened: time.Now(), types: map[string]*typeState{}}
+	t.streams[id] = &streamState{id: id, variant: variant, service: serviceLabel(typeURL), opened: time.Now()}
 }
 
 func (t *tracker) close(id int64) {
@@ -139,11 +145,13 @@ func (t *tracker) typeLocked(id int64, node *corev3.Node, typeURL string) (*stre
 		return nil, nil
 	}
 	st.setNode(node)
-	ts := st.types[typeURL]
-	if ts == nil {
-		ts = &typeState{TypeStatus: TypeStatus{State: NotSent}}
-		st.types[typeURL] = ts
+	for _, ts := range st.types {
+		if ts.url == typeURL {
+			return st, ts
+		}
 	}
+	ts := &typeState{url: typeURL, TypeStatus: TypeStatus{State: NotSent}}
+	st.types = append(st.types, ts)
 	return st, ts
 }
 
@@ -246,7 +254,8 @@ func (t *tracker) status() []ClientStatus {
 			l := *st.locality
 			c.Locality = &l
 		}
-		for url, ts := range st.types {
+		for _, ts := range st.types {
+			url := ts.url
 			s := ts.TypeStatus
 			if !ts.sentAt.IsZero() {
 				at := ts.sentAt
