@@ -100,10 +100,9 @@ type streamState struct {
 	locality         *NodeLocality
 	opened           time.Time
 	// types is by type URL: a stream asks for a few (the four the feed
-	// serves, or fewer), and a scan
-	// comparing strings (the same string each time, which compares at
-	// once) is cheaper than a map's hashing on every request and
-	// response.
+	// serves, or fewer), and a scan comparing strings (the same string
+	// each time, which compares at once) is cheaper than a map's hashing
+	// on every request and response.
 	types []*typeState
 }
 
