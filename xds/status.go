@@ -300,10 +300,11 @@ func (s *Server) StatusHandler() http.Handler {
 
 // holdRejected is how a NACKed version stops being pushed again. The
 // sotw server records what it sent as the client's, NACKed or not, so
-// the feed's LinearCaches wake the watch again only when a resource it
+// the feed's caches wake the watch again only when a resource it
 // names changes; but a request whose version_info is empty (a client
 // that has accepted nothing yet NACKs with "") or lacks the cache's
-// prefix is answered at once (linear.go CreateWatch: replyEvenIfEmpty),
+// prefix is answered at once (linear.go CreateWatch: replyEvenIfEmpty;
+// edsCache.CreateWatch alike),
 // which for a Listener or Cluster is the rejected full state again,
 // NACKed again, as fast as the round trip (grpc-go does not back off),
 // and for EDS or RDS an empty response the client ACKs, which the status
