@@ -344,12 +344,13 @@ func deltaVersion(e *edsEntry) string { return e.delta.GetVersion() }
 
 // watchLocked is the stream's registration for key, made or re-indexed
 // when its names changed; same is false then. asked is a state-of-the-
-// world request's resource_names (nil for delta).
-func (c *edsCache) watchLocked(key any, delta bool, sub cachev3.Subscription, asked []string) (w *edsWatch, same bool) {
+// world request's resource_names (nil for delta); unchanged says the
+// caller knows the names to be those of the stream's last watch.
+func (c *edsCache) watchLocked(key any, delta bool, sub cachev3.Subscription, asked []string, unchanged bool) (w *edsWatch, same bool) {
 	w = c.streams[key]
 	if w != nil && w.delta == delta {
 		w.parkedAt = 0
-		quick := asked != nil && slices.Equal(asked, w.asked)
+		quick := unchanged || asked != nil && slices.Equal(asked, w.asked)
 		w.asked = asked
 		if w.wild != sub.IsWildcard() || !quick && !sameNames(w.names, sub.SubscribedResources()) {
 			c.unindexLocked(w)
@@ -472,7 +473,7 @@ func (c *edsCache) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, o
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sweepLocked()
-	w, same := c.watchLocked(out, false, sub, req.GetResourceNames())
+	w, same := c.watchLocked(out, false, sub, req.GetResourceNames(), false)
 	w.req, w.sub, w.out, w.armed = req, sub, out, true
 	full := replyEvenIfEmpty || !same || !sameMap(sub.ReturnedResources(), w.sent)
 	c.answerLocked(w, replyEvenIfEmpty, full, w.dirty)
@@ -491,13 +492,14 @@ func (c *edsCache) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subsc
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.sweepLocked()
-	w, same := c.watchLocked(out, true, sub, nil)
+	// A delta request that neither subscribes nor unsubscribes (an ACK)
+	// leaves the stream's names as they were
+	// (stream.Subscription.UpdateResourceSubscriptions); one that does
+	// may have edited the known versions in place: computed in full then.
+	names := len(req.GetResourceNamesSubscribe()) > 0 || len(req.GetResourceNamesUnsubscribe()) > 0
+	w, same := c.watchLocked(out, true, sub, nil, !names)
 	w.dreq, w.sub, w.dout, w.armed = req, sub, out, true
-	// A request that (un)subscribes may have edited the known versions
-	// in place (stream.Subscription.UpdateResourceSubscriptions): in
-	// full then.
-	full := replyEvenIfEmpty || !same || len(req.GetResourceNamesSubscribe()) > 0 || len(req.GetResourceNamesUnsubscribe()) > 0 ||
-		!sameMap(sub.ReturnedResources(), w.sent)
+	full := replyEvenIfEmpty || !same || names || !sameMap(sub.ReturnedResources(), w.sent)
 	c.answerLocked(w, replyEvenIfEmpty, full, w.dirty)
 	w.dirty = nil
 	return c.cancelFn(w), nil
