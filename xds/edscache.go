@@ -60,7 +60,11 @@ const parkedFor = 10 * time.Second
 //     stream and set of names (keyed by the response channel, which the
 //     ADS and delta servers keep for the stream's life): cancel disarms
 //     it, the next CreateWatch re-arms it, and a change answers only the
-//     armed ones. Its names are re-indexed only when they change.
+//     armed ones. Its names are re-indexed only when they change. (A
+//     per-type state-of-the-world stream, EDS without ADS, is given a
+//     new channel with every request by go-control-plane, so there
+//     every request registers anew, as with a LinearCache, and the
+//     registration it replaces is parked until swept.)
 //   - Resources are marshalled once per version, not once per response:
 //     each entry holds its anypb.Any (and, for delta, its
 //     discovery.Resource with its hash version), which every response
