@@ -64,6 +64,14 @@ groups (comma-separated or repeated; default all):
                CPU and peak RSS, beside 1000 WatchEndpoints streams on the
                same services. With --quick: 20 backends, no churn; 100
                streams for 3s.
+  edge         YCSB workload A (50/50 read/update, uniform, 18-byte keys)
+               with go-ycsb v1.0.3's etcd driver (built from tools/ycsb;
+               $AETHER_YCSB names a prebuilt one) against a real etcd
+               (tools/etcd) and against "aether edge" (this binary), one
+               after the other in the same run, single members with data
+               on the same disk: throughput and read/update p50/p99 at
+               1k/s, 10k/s and unbounded (64 threads), 100k records.
+               With --quick: 1k records, 1k to 2k operations per step.
 
 It prints a summary, rewrites the sections of --out (docs/benchmarks.md by
 default; --out "" writes nothing) for the groups it ran, and prints the
