@@ -11,8 +11,10 @@ mkdir -p .proto/aether
 rm -rf .proto/aether/*
 ln -s ../../registry .proto/aether/registry
 ln -s ../../registrar .proto/aether/registrar
+ln -s ../../edge .proto/aether/edge
 protoc -I .proto \
   --go_out=paths=source_relative:.proto \
   --go-grpc_out=paths=source_relative:.proto \
-  aether/registry/v1/registry.proto aether/registrar/v1/registrar.proto
+  aether/registry/v1/registry.proto aether/registrar/v1/registrar.proto \
+  aether/edge/v1/edge.proto
 rm -rf .proto

@@ -24,6 +24,7 @@ type deps struct {
 	stdout, stderr io.Writer
 	lookupEnv      lookupFunc
 	serve          func(context.Context, server.Config) error
+	runEdge        func(context.Context, *edgeSettings) error
 }
 
 // NewRoot builds the aether command tree writing to stdout and stderr. Run
@@ -35,6 +36,7 @@ func NewRoot(stdout, stderr io.Writer) *cobra.Command {
 		stderr:    stderr,
 		lookupEnv: os.LookupEnv,
 		serve:     serveRegistrar,
+		runEdge:   runEdge,
 	})
 }
 
@@ -78,6 +80,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newClusterCmd(),
 		newCertsCmd(),
 		newXDSCmd(),
+		newEdgeCmd(d),
 	)
 	documentEnv(root)
 	return root

@@ -1,0 +1,163 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/aethermesh/aether/edge/internal/core"
+	"github.com/aethermesh/aether/edge/internal/storage"
+)
+
+// batch is a group of applied changes persisted by one storage.Append.
+type batch struct {
+	recs    []storage.Record
+	applied []*core.Applied
+	done    chan struct{} // closed once durable (or failed)
+	err     error         // set before done is closed
+}
+
+// wait blocks until the batch is durable. A caller whose context ends first
+// gets its context's error; the change itself is applied and will still be
+// persisted (as with etcd, a timed-out write may have happened).
+func (b *batch) wait(ctx context.Context) error {
+	if b == nil {
+		return nil
+	}
+	select {
+	case <-b.done:
+		return b.err
+	default:
+	}
+	select {
+	case <-b.done:
+		return b.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// committer is the group-commit goroutine. Writers add applied changes while
+// holding the state lock (so a batch's records are in index order and
+// batches follow each other in index order); the goroutine swaps the open
+// batch out whenever it is idle and persists it in one transaction. While
+// one Append runs, new changes collect in the next batch: under load many
+// changes share an fsync, with no timer adding latency when idle.
+type committer struct {
+	s *Server
+
+	mu       sync.Mutex
+	open     *batch // collecting
+	inflight *batch // being persisted
+	closed   bool
+	kick     chan struct{}
+	stopped  chan struct{}
+}
+
+func newCommitter(s *Server) *committer {
+	c := &committer{
+		s:       s,
+		open:    &batch{done: make(chan struct{})},
+		kick:    make(chan struct{}, 1),
+		stopped: make(chan struct{}),
+	}
+	go c.run()
+	return c
+}
+
+// add queues an applied change; the caller holds the state lock.
+func (c *committer) add(ap *core.Applied) *batch {
+	c.mu.Lock()
+	b := c.open
+	b.recs = append(b.recs, storage.Record{Index: ap.Index, Rev: ap.Rev, ID: ap.ID, Change: ap.Encoded})
+	b.applied = append(b.applied, ap)
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+	return b
+}
+
+// last returns the batch holding the newest applied change, nil when every
+// applied change is durable. A read waits on it: the state it read may
+// include that change. The caller holds the state lock (read or write).
+func (c *committer) last() *batch {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.open.recs) > 0 {
+		return c.open
+	}
+	return c.inflight
+}
+
+func (c *committer) run() {
+	defer close(c.stopped)
+	for {
+		c.mu.Lock()
+		for len(c.open.recs) == 0 {
+			if c.closed {
+				c.mu.Unlock()
+				return
+			}
+			c.mu.Unlock()
+			<-c.kick
+			c.mu.Lock()
+		}
+		b := c.open
+		c.open = &batch{done: make(chan struct{})}
+		c.inflight = b
+		c.mu.Unlock()
+
+		c.persist(b)
+
+		c.mu.Lock()
+		if c.inflight == b {
+			c.inflight = nil
+		}
+		c.mu.Unlock()
+	}
+}
+
+func (c *committer) persist(b *batch) {
+	s := c.s
+	if errp := s.failed.Load(); errp != nil {
+		b.err = *errp
+		close(b.done)
+		return
+	}
+	start := time.Now()
+	if err := s.store.Append(b.recs); err != nil {
+		// The core is now ahead of the disk and cannot be rolled back: stop
+		// acknowledging anything (etcd panics on a backend write failure).
+		ferr := status.Error(codes.Unavailable, fmt.Sprintf("edge: storage failed, the server no longer serves: %v", err))
+		s.failed.CompareAndSwap(nil, &ferr)
+		s.log.Error("persisting changes failed; the server stops serving", "changes", len(b.recs), "err", err)
+		b.err = ferr
+		close(b.done)
+		return
+	}
+	s.metrics.observeBatch(len(b.recs), time.Since(start))
+	// Watchers see the changes once durable, before the writers hear back:
+	// a client that got its response and then watches from the next
+	// revision cannot miss it either way.
+	s.hub.publish(b.applied)
+	close(b.done)
+}
+
+// close persists what is queued and stops the goroutine. The caller ensures
+// no writer adds after it.
+func (c *committer) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+	<-c.stopped
+}

@@ -1,0 +1,84 @@
+// Package core is the pure core of the edge store (issue 15): the change
+// model, the MVCC key space with etcd's request semantics, and the
+// leases. It does no I/O, reads no clock (the time is an argument) and
+// starts no goroutines; the edge package serialises calls into it and the
+// storage package persists what it returns.
+//
+// # Changes
+//
+// Every mutating request (Put, DeleteRange, a Txn that may write, a lease
+// grant, revoke or expiry) becomes exactly one Change: the replica's heads
+// as parents, the replica id, a hybrid logical clock stamp and the resolved
+// ops. Ops are resolved so replay never evaluates anything: a Txn's change
+// carries the ops of the branch it took, a DeleteRange one delete per key
+// that existed, a Put with ignore_value the value it kept, a revoke the
+// deletes of the lease's keys (in key order) before the revoke op.
+//
+// A change's id is the SHA-256 of its canonical encoding (version 1):
+//
+//	byte     version (1)
+//	uvarint  number of parents, then each parent's 32 bytes, sorted, distinct
+//	uint64   replica id            (all fixed-width integers big-endian)
+//	int64    stamp wall (unix ns)
+//	uint32   stamp logical
+//	uvarint  number of ops, then per op a kind byte and:
+//	  1 put     uvarint len, key; uvarint len, value; int64 lease
+//	  2 delete  uvarint len, key
+//	  3 grant   int64 lease id; int64 ttl seconds
+//	  4 revoke  int64 lease id
+//
+// Varints are minimal; DecodeChange refuses any other form, so decode then
+// encode is the identity and ids cannot be forged by re-encoding.
+//
+// # Index and revision
+//
+// Each applied change gets the replica's next index (1, 2, ...). A change
+// that touches keys also gets the next revision; one that does not (a
+// lease grant, the revoke of a keyless lease, a Txn whose branch wrote
+// nothing, a DeleteRange that matched nothing) gets none, as etcd does not
+// bump its revision for them. As in etcd, revision 1 is the empty store,
+// so the first write is revision 2, and CompactRev is -1 before the first
+// compaction. Revisions are per replica: a change merged in from a peer
+// (part 2) gets this replica's next revision, never one in the past.
+// Revision <-> hash and index <-> hash are kept for every change.
+//
+// # Clock
+//
+// A local change's stamp is HLC.Next(now): the wall clock when it moved
+// past the last stamp, else the last stamp with the logical counter
+// bumped, so stamps strictly increase even when the wall clock steps back.
+// A merged change advances the clock with HLC.Recv, so the next local
+// stamp is after everything the replica has seen.
+//
+// # Conflict rule (part 2)
+//
+// Per key, the last writer wins, ordered by (stamp, replica id): a write w
+// replaces the key's state iff (w.stamp, w.replica) > the key's winner
+// (Winner). A delete is a tombstone ordered the same way: a delete wins
+// over an older put, and an older put arriving later does not resurrect
+// the key. Invariants:
+//
+//   - Every replica that applied the same set of changes, in any causal
+//     order, has the same winner, hence the same value or absence, for
+//     every key: the order is total (replica ids are distinct) and does
+//     not depend on arrival order. HashKV, over keys and values only,
+//     agrees across such replicas.
+//   - Local writes always win locally: a replica's stamps increase, and
+//     after Recv they exceed every stamp it has seen, so a change is never
+//     shadowed by something its author had already seen (causality is
+//     respected: a later write in happens-before order has a larger stamp).
+//   - A losing remote write still gets a revision and a change-log entry
+//     (the DAG is complete) but does not alter the key's value, version
+//     or events.
+//
+// # Leases
+//
+// Lease ids a replica chooses are LeaseTag(replica)<<40 | sequence:
+// positive int64s, distinct between replicas with distinct tags; a
+// client-chosen id is honoured (ErrGRPCLeaseExist if taken). A lease
+// expires by the clock of the replica that granted it (ExpireLeases only
+// revokes this replica's), and its expiry is one change.
+//
+// Requests follow etcd v3.7.3's checks and apply code to the error value,
+// header revision and quirk; see kv.go for the references.
+package core

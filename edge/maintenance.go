@@ -1,0 +1,200 @@
+package edge
+
+import (
+	"context"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Version is what Status reports: the etcd release whose API this server
+// implements, so clients and tools that gate features on the server version
+// (etcdctl, clientv3's version checks, Kubernetes) treat it as that etcd.
+const Version = "3.7.3"
+
+// storageVersion is etcd 3.7's storage schema version as Status reports it.
+const storageVersion = "3.7.0"
+
+// defaultQuotaBytes is etcd's default backend quota (2 GiB), reported in
+// Status; the edge store enforces no quota.
+const defaultQuotaBytes = 2 * 1024 * 1024 * 1024
+
+type maintenanceServer struct {
+	pb.UnimplementedMaintenanceServer
+	s *Server
+}
+
+// Status fills every field etcd does. There is no raft: this member is its
+// own leader, the term is constant, and the raft indexes are the core's
+// apply index (each change gets the next one), committed = applied.
+func (m *maintenanceServer) Status(ctx context.Context, r *pb.StatusRequest) (*pb.StatusResponse, error) {
+	s := m.s
+	s.mu.RLock()
+	index := s.st.Index()
+	s.mu.RUnlock()
+	rev := s.currentRev()
+	size := s.store.Size()
+	resp := &pb.StatusResponse{
+		Header:           s.header(nil, rev),
+		Version:          Version,
+		DbSize:           size,
+		DbSizeInUse:      size,
+		Leader:           s.memberID,
+		RaftIndex:        index,
+		RaftTerm:         raftTerm,
+		RaftAppliedIndex: index,
+		DbSizeQuota:      defaultQuotaBytes,
+		StorageVersion:   storageVersion,
+		DowngradeInfo:    &pb.DowngradeInfo{},
+	}
+	if err := s.failure(); err != nil {
+		resp.Errors = append(resp.Errors, err.Error())
+	}
+	return resp, nil
+}
+
+// HashKV hashes the keys and values at a revision (0 = current). Unlike
+// etcd's, the hash leaves revisions out, so two replicas that converged on
+// the same key space agree on it (the convergence check of part 2).
+func (m *maintenanceServer) HashKV(ctx context.Context, r *pb.HashKVRequest) (*pb.HashKVResponse, error) {
+	s := m.s
+	var h uint32
+	var hashRev, compacted int64
+	rev, err := s.read(ctx, func() (err error) {
+		h, hashRev, err = s.st.HashKV(r.Revision)
+		compacted = s.st.CompactRev()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.HashKVResponse{Header: s.header(nil, rev), Hash: h, CompactRevision: compacted, HashRevision: hashRev}, nil
+}
+
+// Hash (deprecated in etcd) answers the HashKV of the current revision.
+func (m *maintenanceServer) Hash(ctx context.Context, r *pb.HashRequest) (*pb.HashResponse, error) {
+	resp, err := m.HashKV(ctx, &pb.HashKVRequest{})
+	if err != nil {
+		return nil, err
+	}
+	return &pb.HashResponse{Header: resp.Header, Hash: resp.Hash}, nil
+}
+
+func (m *maintenanceServer) Defragment(ctx context.Context, r *pb.DefragmentRequest) (*pb.DefragmentResponse, error) {
+	m.s.log.Info("starting defragment")
+	if err := m.s.store.Defragment(); err != nil {
+		m.s.log.Warn("failed to defragment", "err", err)
+		return nil, status.Errorf(codes.Unknown, "edge: defragment: %v", err)
+	}
+	m.s.log.Info("finished defragment")
+	return &pb.DefragmentResponse{}, nil
+}
+
+// Alarm: the edge store raises no alarms (no quota, no corruption checks),
+// so the list is always empty. Activating one is refused (nothing would
+// ever clear it on its own); deactivating one that is not active succeeds,
+// as in etcd.
+func (m *maintenanceServer) Alarm(ctx context.Context, r *pb.AlarmRequest) (*pb.AlarmResponse, error) {
+	s := m.s
+	switch r.Action {
+	case pb.AlarmRequest_GET, pb.AlarmRequest_DEACTIVATE:
+		return &pb.AlarmResponse{Header: s.header(nil, s.currentRev()), Alarms: []*pb.AlarmMember{}}, nil
+	case pb.AlarmRequest_ACTIVATE:
+		return nil, status.Error(codes.Unimplemented, "edge: the edge store raises no alarms; activating one is not supported")
+	}
+	return nil, status.Errorf(codes.InvalidArgument, "edge: unknown alarm action %d", r.Action)
+}
+
+func (m *maintenanceServer) Snapshot(r *pb.SnapshotRequest, srv pb.Maintenance_SnapshotServer) error {
+	return status.Error(codes.Unimplemented, "edge: Snapshot is not supported: the edge store's data file is not an etcd backend snapshot")
+}
+
+// MoveLeader: there is no leader election; this member is always the
+// leader. Moving to itself succeeds as in etcd; any other target is refused.
+func (m *maintenanceServer) MoveLeader(ctx context.Context, r *pb.MoveLeaderRequest) (*pb.MoveLeaderResponse, error) {
+	if r.TargetID == m.s.memberID {
+		return &pb.MoveLeaderResponse{Header: m.s.header(nil, m.s.currentRev())}, nil
+	}
+	return nil, status.Error(codes.Unimplemented, "edge: MoveLeader is not supported: edge replicas have no leader to move")
+}
+
+func (m *maintenanceServer) Downgrade(ctx context.Context, r *pb.DowngradeRequest) (*pb.DowngradeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "edge: Downgrade is not supported by the edge store")
+}
+
+// currentRev is the newest durable revision: what headers of requests that
+// read no data carry, so no client hears of a revision a crash could undo.
+func (s *Server) currentRev() int64 {
+	rev, _ := s.hub.snapshot()
+	return rev
+}
+
+type clusterServer struct {
+	pb.UnimplementedClusterServer
+	s *Server
+}
+
+// MemberList answers the configured initial cluster. Only this member's
+// client URLs are known (part 1 has no peer traffic to learn the others').
+func (c *clusterServer) MemberList(ctx context.Context, r *pb.MemberListRequest) (*pb.MemberListResponse, error) {
+	s := c.s
+	out := make([]*pb.Member, 0, len(s.members))
+	for _, m := range s.members {
+		pm := &pb.Member{ID: m.id, Name: m.name, PeerURLs: m.peerURLs}
+		if m.id == s.memberID {
+			pm.ClientURLs = s.advertiseClientURLs()
+		}
+		out = append(out, pm)
+	}
+	return &pb.MemberListResponse{Header: s.header(nil, s.currentRev()), Members: out}, nil
+}
+
+func (s *Server) advertiseClientURLs() []string {
+	if len(s.cfg.AdvertiseClientURLs) == 0 {
+		return s.ClientURLs()
+	}
+	return urlStrings(s.cfg.AdvertiseClientURLs)
+}
+
+const memberChangeMsg = "edge: membership changes are not supported: the edge store's members are fixed by --initial-cluster"
+
+func (c *clusterServer) MemberAdd(context.Context, *pb.MemberAddRequest) (*pb.MemberAddResponse, error) {
+	return nil, status.Error(codes.Unimplemented, memberChangeMsg)
+}
+
+func (c *clusterServer) MemberRemove(context.Context, *pb.MemberRemoveRequest) (*pb.MemberRemoveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, memberChangeMsg)
+}
+
+func (c *clusterServer) MemberUpdate(context.Context, *pb.MemberUpdateRequest) (*pb.MemberUpdateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, memberChangeMsg)
+}
+
+func (c *clusterServer) MemberPromote(context.Context, *pb.MemberPromoteRequest) (*pb.MemberPromoteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, memberChangeMsg)
+}
+
+// authServer: authentication is not supported. AuthStatus answers
+// "disabled" (true, and tools probe it); every other call is Unimplemented.
+type authServer struct {
+	pb.UnimplementedAuthServer
+	s *Server
+}
+
+const authMsg = "edge: authentication is not supported by the edge store"
+
+func (a *authServer) AuthStatus(ctx context.Context, r *pb.AuthStatusRequest) (*pb.AuthStatusResponse, error) {
+	return &pb.AuthStatusResponse{Header: a.s.header(nil, a.s.currentRev()), Enabled: false}, nil
+}
+
+func (a *authServer) AuthDisable(ctx context.Context, r *pb.AuthDisableRequest) (*pb.AuthDisableResponse, error) {
+	// Already disabled: etcd answers success too.
+	return &pb.AuthDisableResponse{Header: a.s.header(nil, a.s.currentRev())}, nil
+}
+
+func (a *authServer) Authenticate(context.Context, *pb.AuthenticateRequest) (*pb.AuthenticateResponse, error) {
+	// etcd's own answer when auth is off.
+	return nil, rpctypes.ErrGRPCAuthNotEnabled
+}

@@ -1,0 +1,377 @@
+// Package edge is the server of `aether edge`: one replica of the edge store
+// speaking etcd's v3 gRPC API with etcd's own, unchanged protos
+// (go.etcd.io/etcd/api/v3/etcdserverpb), so unmodified etcd clients, etcdctl
+// and etcd's test suite work against it.
+//
+// The package is the shell around two others: edge/internal/core, the pure
+// state machine (the change DAG, the MVCC index, leases), and
+// edge/internal/storage, the only code that touches disk. The shell owns
+// everything with time, sockets and goroutines:
+//
+//   - One state lock (Server.mu) serialises every use of the core. A write
+//     applies in the core under the lock and is handed, still under the lock,
+//     to the committer, so the committer sees changes in apply-index order.
+//   - Group commit: the committer goroutine takes every change applied since
+//     its last write and persists them with one storage.Append (one bbolt
+//     transaction, one fsync). A write is acknowledged only when its batch is
+//     durable, and a read that saw a change not yet durable waits for that
+//     change's batch too, so no response ever shows state a crash could lose
+//     (etcd's durability guarantee).
+//   - Watchers are fed by the committer after durability, in revision order,
+//     one change at a time (watch.go).
+//   - Lease expiry is a timer set to core.NextLeaseExpiry; expired leases
+//     become changes through the same commit path (lease.go).
+//
+// gRPC and HTTP/1 (/metrics, /health) share each client port, as etcd's do:
+// see serve.go for how connections are told apart.
+package edge
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/aethermesh/aether/edge/internal/core"
+	"github.com/aethermesh/aether/edge/internal/storage"
+)
+
+// Defaults taken from etcd v3.7.3 (server/v3/embed/config.go).
+const (
+	// DefaultMaxRequestBytes is etcd's --max-request-bytes default (1.5 MiB).
+	DefaultMaxRequestBytes = 1536 * 1024
+	// DefaultMaxTxnOps is etcd's --max-txn-ops default.
+	DefaultMaxTxnOps = 128
+	// grpcOverheadBytes is what etcd allows on top of MaxRequestBytes for the
+	// gRPC receive limit and the watch fragment size
+	// (server/v3/config/config.go).
+	grpcOverheadBytes = 512 * 1024
+	// defaultProgressNotifyInterval is etcd's default watch progress
+	// notification interval; minProgressNotifyInterval is its floor.
+	defaultProgressNotifyInterval = 10 * time.Minute
+	minProgressNotifyInterval     = 100 * time.Millisecond
+	// raftTerm fills every header's raft_term and Status' raft_term. There
+	// is no election in the edge store, so the term never changes; clients
+	// only require it to be non-decreasing.
+	raftTerm = 1
+)
+
+// Config configures one edge replica. Field names follow etcd's flags; the
+// `aether edge` command builds it from them.
+type Config struct {
+	Name, DataDir                                                            string
+	ListenClientURLs, AdvertiseClientURLs, ListenPeerURLs, AdvertisePeerURLs []url.URL
+	// InitialCluster maps a member name to its peer URLs
+	// (--initial-cluster). Empty means this member alone, at its advertised
+	// peer URLs.
+	InitialCluster                           map[string][]url.URL
+	InitialClusterState, InitialClusterToken string
+	ClientTLS, PeerTLS                       *tls.Config // nil = plaintext
+	MaxRequestBytes                          int         // 0 = DefaultMaxRequestBytes
+	MaxTxnOps                                int         // 0 = DefaultMaxTxnOps
+	Logger                                   *slog.Logger
+	Now                                      func() time.Time // nil = time.Now
+	// WatchProgressNotifyInterval is etcd's
+	// --watch-progress-notify-interval: how often a watcher created with
+	// progress_notify hears the revision when it had no events. 0 means
+	// etcd's default (10 minutes); values under 100ms are raised to 100ms
+	// as etcd does.
+	WatchProgressNotifyInterval time.Duration
+}
+
+// Server is one running edge replica.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	now     func() time.Time
+	reg     *prometheus.Registry
+	store   *storage.Log
+	commit  *committer
+	hub     *hub
+	metrics *serverMetrics
+
+	memberID, clusterID uint64
+	members             []member
+	reqID               *reqIDGen
+	maxRequestBytes     int
+	maxTxnOps           int
+	progressInterval    time.Duration
+
+	// mu is the state lock: every use of st holds it (reads: RLock).
+	mu sync.RWMutex
+	st *core.State
+
+	// compactMu orders compactions so the revision persisted last is the
+	// highest one.
+	compactMu sync.Mutex
+
+	// failed holds the first storage error: from then on the in-memory state
+	// is ahead of the disk and nothing more may be acknowledged.
+	failed atomic.Pointer[error]
+	ready  atomic.Bool
+
+	leaseKick chan struct{}
+	// closing is closed when Close starts: streams (watch, keepalive) end
+	// on it so a graceful stop does not wait for them forever.
+	closing chan struct{}
+
+	listeners []net.Listener
+	grpc      *grpc.Server
+	http      []*http.Server
+	serveWG   sync.WaitGroup // accept loops
+	wg        sync.WaitGroup // lease loop, watch receivers
+	loopCtx   context.Context
+	stopLoops context.CancelFunc
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Start recovers the replica from cfg.DataDir (storage.Load, core.Replay,
+// the persisted compaction, lease promotion), then listens on every client
+// URL. It returns when the server is ready to serve.
+func Start(ctx context.Context, cfg Config) (*Server, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:              cfg,
+		log:              cfg.Logger,
+		now:              cfg.Now,
+		reg:              prometheus.NewRegistry(),
+		maxRequestBytes:  cfg.MaxRequestBytes,
+		maxTxnOps:        cfg.MaxTxnOps,
+		progressInterval: cfg.WatchProgressNotifyInterval,
+		leaseKick:        make(chan struct{}, 1),
+		closing:          make(chan struct{}),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.maxRequestBytes <= 0 {
+		s.maxRequestBytes = DefaultMaxRequestBytes
+	}
+	if s.maxTxnOps <= 0 {
+		s.maxTxnOps = DefaultMaxTxnOps
+	}
+	switch {
+	case s.progressInterval <= 0:
+		s.progressInterval = defaultProgressNotifyInterval
+	case s.progressInterval < minProgressNotifyInterval:
+		s.log.Warn("adjusting watch progress notify interval to minimum period", "min", minProgressNotifyInterval)
+		s.progressInterval = minProgressNotifyInterval
+	}
+	if cfg.DataDir == "" {
+		return nil, errors.New("edge: data dir is required")
+	}
+	if len(cfg.ListenClientURLs) == 0 {
+		return nil, errors.New("edge: at least one listen client URL is required")
+	}
+
+	s.metrics = newServerMetrics(s)
+	var err error
+	if s.members, err = clusterMembers(cfg); err != nil {
+		return nil, err
+	}
+	if s.store, err = storage.Open(cfg.DataDir); err != nil {
+		return nil, fmt.Errorf("edge: open storage in %s: %w", cfg.DataDir, err)
+	}
+	if err := s.recover(ctx); err != nil {
+		return nil, errors.Join(err, s.store.Close())
+	}
+	s.reqID = newReqIDGen(s.memberID, s.now())
+	s.hub = newHub(s, s.st.Rev())
+	s.commit = newCommitter(s)
+	s.loopCtx, s.stopLoops = context.WithCancel(context.Background())
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.leaseLoop(s.loopCtx)
+	}()
+
+	if err := s.serve(); err != nil {
+		return nil, errors.Join(err, s.Close(context.Background()))
+	}
+	s.ready.Store(true)
+	s.log.Info("ready to serve client requests", "name", cfg.Name, "member-id", fmt.Sprintf("%x", s.memberID),
+		"cluster-id", fmt.Sprintf("%x", s.clusterID), "revision", s.st.Rev(), "client-urls", s.ClientURLs())
+	return s, nil
+}
+
+// recover rebuilds the core from the log: every stored change is replayed
+// with its original index and revision, so revisions and change hashes are
+// the ones acknowledged before the restart.
+func (s *Server) recover(ctx context.Context) error {
+	ids, err := s.identity()
+	if err != nil {
+		return err
+	}
+	s.memberID, s.clusterID = ids[0], ids[1]
+	s.st = core.New(core.ReplicaID(s.memberID))
+	s.st.SetMaxTxnOps(s.maxTxnOps)
+	n := 0
+	compacted, err := s.store.Load(func(r storage.Record) error {
+		n++
+		// A long replay still answers to the caller's deadline.
+		if n%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		if err := s.st.Replay(r.Change, r.Index, r.Rev); err != nil {
+			return fmt.Errorf("replay change %d (rev %d): %w", r.Index, r.Rev, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("edge: recover from %s: %w", s.cfg.DataDir, err)
+	}
+	if compacted > 0 {
+		// A compaction is persisted only after the changes up to it are
+		// durable, so it never exceeds the recovered revision; clamp anyway
+		// rather than refuse to start.
+		if rev := s.st.Rev(); compacted > rev {
+			s.log.Warn("persisted compaction is past the recovered revision; clamping", "compacted", compacted, "revision", rev)
+			compacted = rev
+		}
+		if err := s.st.Compact(compacted); err != nil {
+			return fmt.Errorf("edge: restore compaction at %d: %w", compacted, err)
+		}
+	}
+	// etcd's behaviour after a restart: every lease gets its full TTL again,
+	// since the time the server was down must not expire them.
+	s.st.PromoteLeases(s.now())
+	s.log.Info("recovered", "changes", n, "revision", s.st.Rev(), "index", s.st.Index(), "compacted", compacted)
+	return nil
+}
+
+const (
+	metaMemberID  = "member-id"
+	metaClusterID = "cluster-id"
+)
+
+// identity returns the member and cluster ids: the persisted ones, or, on
+// first start, the ones etcd derives from the initial cluster (persisted
+// then, so a later change of flags cannot change who this member is).
+func (s *Server) identity() ([2]uint64, error) {
+	var ids [2]uint64
+	for i, k := range []string{metaMemberID, metaClusterID} {
+		v, err := s.store.Meta(k)
+		if err != nil {
+			return ids, fmt.Errorf("edge: read %s: %w", k, err)
+		}
+		if len(v) == 8 {
+			ids[i] = binary.BigEndian.Uint64(v)
+		}
+	}
+	if ids[0] != 0 && ids[1] != 0 {
+		return ids, nil
+	}
+	self, ok := findMember(s.members, s.cfg.Name)
+	if !ok {
+		return ids, fmt.Errorf("edge: member %q is not in the initial cluster", s.cfg.Name)
+	}
+	ids = [2]uint64{self.id, clusterID(s.members)}
+	for i, k := range []string{metaMemberID, metaClusterID} {
+		if err := s.store.SetMeta(k, binary.BigEndian.AppendUint64(nil, ids[i])); err != nil {
+			return ids, fmt.Errorf("edge: persist %s: %w", k, err)
+		}
+	}
+	return ids, nil
+}
+
+// progressTicker ticks at the watch progress interval plus up to a tenth of
+// it as jitter, as etcd does, so watchers created together do not all
+// report at once.
+func (s *Server) progressTicker() *time.Ticker {
+	return time.NewTicker(s.progressInterval + rand.N(s.progressInterval/10+1))
+}
+
+// ClientURLs returns the URLs the server actually listens on (a ":0" port
+// resolved), one per listen client URL.
+func (s *Server) ClientURLs() []string {
+	out := make([]string, 0, len(s.listeners))
+	for i, l := range s.listeners {
+		scheme := s.cfg.ListenClientURLs[i].Scheme
+		if scheme == "" {
+			scheme = "http"
+		}
+		out = append(out, scheme+"://"+l.Addr().String())
+	}
+	return out
+}
+
+// Registry is the server's own Prometheus registry (no global state), served
+// at /metrics.
+func (s *Server) Registry() *prometheus.Registry { return s.reg }
+
+// Ready reports whether the server serves requests: started, not closing,
+// and storage healthy. /health reports it.
+func (s *Server) Ready() bool { return s.ready.Load() && s.failed.Load() == nil }
+
+// MemberID is this member's id (etcd's derivation; see members.go).
+func (s *Server) MemberID() uint64 { return s.memberID }
+
+// ClusterID is the cluster's id (etcd's derivation).
+func (s *Server) ClusterID() uint64 { return s.clusterID }
+
+// Close stops serving (in-flight RPCs get until ctx ends to finish), then
+// drains the committer, stops the lease loop and closes storage. Every
+// goroutine the server started has ended when it returns.
+func (s *Server) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.ready.Store(false)
+		close(s.closing)
+		var errs []error
+		if s.grpc != nil {
+			done := make(chan struct{})
+			go func() { s.grpc.GracefulStop(); close(done) }()
+			select {
+			case <-done:
+			case <-ctx.Done():
+				// Streams (watches, keepalives) never end on their own:
+				// past the deadline cut them.
+				s.grpc.Stop()
+				<-done
+			}
+		}
+		for _, h := range s.http {
+			// The listener may already be closed through cmux by the gRPC
+			// server's stop; that is not a failure.
+			if err := h.Shutdown(ctx); err != nil && !isClosedErr(err) {
+				errs = append(errs, fmt.Errorf("edge: shut down http: %w", err))
+				_ = h.Close()
+			}
+		}
+		for _, l := range s.listeners {
+			_ = l.Close()
+		}
+		s.serveWG.Wait()
+		if s.stopLoops != nil {
+			s.stopLoops()
+		}
+		s.wg.Wait()
+		if s.commit != nil {
+			s.commit.close()
+		}
+		if err := s.store.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("edge: close storage: %w", err))
+		}
+		s.closeErr = errors.Join(errs...)
+	})
+	return s.closeErr
+}
