@@ -50,28 +50,42 @@ if [ -n "$gone" ]; then
   echo "tests.txt names tests the suite does not have:" $gone >&2; exit 1
 fi
 
-# One -test.run pattern: the run tests at the top level, the union of their
-# subtest patterns at the second (a test without subtests runs whole; the
-# NoTLS and Size:_1 patterns match only the tests they are written for).
-tests="$(awk '$1 == "run" { print $2 }' "$here/tests.txt" | paste -sd'|')"
-subs="$(awk '$1 == "run" && $3 != "-" { print $3 }' "$here/tests.txt" | sort -u | paste -sd'|')"
-pattern="^($tests)\$/^($subs)\$"
-
-# The suite finds its TLS fixtures relative to the package's directory.
+# Each test runs in a process of its own: the suite's leak check skips
+# every test after one that left goroutines behind (a failed one does), so
+# one failure must not hide the others' results.
 pkgdir="$(cd "$here" && go list -m -f '{{.Dir}}' go.etcd.io/etcd/tests/v3)/common"
-echo "--- tests/common against $target: -test.run '$pattern'"
-log="$cache/last-$target.log"
+logdir="$cache/logs-$target"
+rm -rf "$logdir" && mkdir -p "$logdir"
+echo "--- tests/common against $target (one member; logs in $logdir)"
 start=$(date +%s)
-set +e
-(cd "$pkgdir" && E2E_TEST_MINIMAL=true "$cache/common.test" \
-  -test.run "$pattern" -test.v -test.count=1 -test.timeout=20m \
-  -bin-dir "$cache/bin-$target" "$@") >"$log" 2>&1
-rc=$?
-set -e
-grep -E '^(    )?--- (PASS|FAIL|SKIP)' "$log" || true
-echo "tests/common against $target: exit $rc in $(($(date +%s) - start))s (full log: $log)"
-if [ $rc -ne 0 ]; then
+failed=()
+while read -r status test subs _; do
+  [ "$status" = run ] || continue
+  pattern="^$test\$"
+  [ "$subs" = - ] || pattern="$pattern/^($subs)\$"
+  t0=$(date +%s)
+  set +e
+  # The suite finds its TLS fixtures relative to the package's directory.
+  (cd "$pkgdir" && E2E_TEST_MINIMAL=true "$cache/common.test" \
+    -test.run "$pattern" -test.v -test.count=1 -test.timeout=5m \
+    -bin-dir "$cache/bin-$target" "$@") >"$logdir/$test.log" 2>&1
+  rc=$?
+  set -e
+  verdict=PASS
+  if [ $rc -ne 0 ]; then
+    verdict=FAIL; failed+=("$test")
+  elif ! grep -q -- "^--- PASS: $test " "$logdir/$test.log"; then
+    verdict=SKIP # the leak check or the test itself skipped it
+  fi
+  printf '%-40s %s (%ss)\n' "$test" "$verdict" "$(($(date +%s) - t0))"
+  if [ "$verdict" = SKIP ]; then
+    grep -E -m3 'SKIP|skip' "$logdir/$test.log" | sed 's/^/    /'
+  fi
+done <"$here/tests.txt"
+echo "tests/common against $target: ${#failed[@]} failed in $(($(date +%s) - start))s"
+for test in "${failed[@]}"; do
   # The failures' own text, for the CI log.
-  grep -E -B2 -A25 '^\s*--- FAIL|Error Trace|panic:' "$log" | head -300
-fi
-exit $rc
+  echo "=== $test ($logdir/$test.log)"
+  grep -E -A30 '^\s*--- FAIL|Error Trace|panic:' "$logdir/$test.log" | grep -v '^\s*logger.go' | head -80
+done
+[ ${#failed[@]} -eq 0 ]
