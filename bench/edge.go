@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -66,13 +67,17 @@ type EdgeResult struct {
 	ValueBytes  int       `json:"value_bytes"`
 	EtcdVersion string    `json:"etcd_version"`
 	Runs        []EdgeRun `json:"runs"`
+	// LoadAvgBefore and LoadAvgAfter are the machine's 1-minute load
+	// average before the load phase and after the last step.
+	LoadAvgBefore string `json:"loadavg_before"`
+	LoadAvgAfter  string `json:"loadavg_after"`
 }
 
 func runEdge(ctx context.Context, o Options, r *Report, w io.Writer) error {
-	cfg := EdgeConfig{Records: 100000, AetherBin: o.AetherBin, Steps: []EdgeStep{
+	cfg := EdgeConfig{Records: 50000, AetherBin: o.AetherBin, Steps: []EdgeStep{
 		{Target: 1000, Threads: 16, Ops: 20000},
-		{Target: 10000, Threads: 64, Ops: 100000},
-		{Target: 0, Threads: 64, Ops: 200000},
+		{Target: 10000, Threads: 64, Ops: 50000},
+		{Target: 0, Threads: 64, Ops: 100000},
 	}}
 	if o.Quick {
 		cfg.Records = 1000
@@ -87,8 +92,8 @@ func runEdge(ctx context.Context, o Options, r *Report, w io.Writer) error {
 	return nil
 }
 
-// Edge loads cfg.Records keys into a fresh real etcd and runs cfg.Steps
-// on it, then does the same on a fresh aether edge; both are single
+// Edge starts a fresh real etcd and a fresh aether edge, loads cfg.Records
+// keys into each, and runs cfg.Steps on both, alternating; both are single
 // members with their data in the system temporary directory (one disk).
 func Edge(ctx context.Context, cfg EdgeConfig, w io.Writer) (EdgeResult, error) {
 	res := EdgeResult{Records: cfg.Records, KeyBytes: len(ycsbKey(0)), ValueBytes: ycsbValueBytes}
@@ -107,44 +112,68 @@ func Edge(ctx context.Context, cfg EdgeConfig, w io.Writer) (EdgeResult, error) 
 	if out, err := exec.CommandContext(ctx, etcd, "--version").Output(); err == nil {
 		res.EtcdVersion = strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "etcd Version: ")
 	}
+	type server struct {
+		name     string
+		p        *proc
+		endpoint string
+	}
+	var servers []server
+	defer func() {
+		for _, sv := range servers {
+			sv.p.stop(10 * time.Second)
+		}
+	}()
 	for _, srv := range []struct {
 		name string
 		bin  string
 		pre  []string
 	}{{"etcd", etcd, nil}, {"aether edge", aether, []string{"edge"}}} {
-		runs, err := edgeServer(ctx, cfg, ycsb, srv.name, srv.bin, srv.pre, w)
+		p, url, err := startEtcdLike(ctx, srv.name, srv.bin, srv.pre)
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", srv.name, err)
 		}
-		res.Runs = append(res.Runs, runs...)
+		servers = append(servers, server{srv.name, p, strings.TrimPrefix(url, "http://")})
 	}
+	res.LoadAvgBefore = loadAvg()
+	for _, sv := range servers {
+		if _, err := runYCSB(ctx, ycsb, "load", sv.endpoint, cfg.Records, EdgeStep{Threads: 16}); err != nil {
+			return res, fmt.Errorf("%s: load: %w", sv.name, err)
+		}
+	}
+	// Step by step, etcd then aether edge, both loaded and running
+	// throughout (the idle one costs next to nothing): a change in what
+	// else this machine runs then shifts both of a step's figures alike,
+	// instead of all of one server's.
+	byServer := map[string][]EdgeRun{}
+	for _, st := range cfg.Steps {
+		for _, sv := range servers {
+			run, err := runYCSB(ctx, ycsb, "run", sv.endpoint, cfg.Records, st)
+			if err != nil {
+				return res, fmt.Errorf("%s: %w", sv.name, err)
+			}
+			if err := sv.p.check(); err != nil {
+				return res, err
+			}
+			run.Server = sv.name
+			fmt.Fprintf(w, "  %-11s %s\n", sv.name, run)
+			byServer[sv.name] = append(byServer[sv.name], run)
+		}
+	}
+	for _, sv := range servers {
+		res.Runs = append(res.Runs, byServer[sv.name]...)
+	}
+	res.LoadAvgAfter = loadAvg()
 	return res, nil
 }
 
-func edgeServer(ctx context.Context, cfg EdgeConfig, ycsb, name, bin string, pre []string, w io.Writer) ([]EdgeRun, error) {
-	p, url, err := startEtcdLike(ctx, name, bin, pre)
+// loadAvg is the 1-minute load average, or "" where /proc has none: the
+// figures mean little when the machine's cores were busy with other work.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
-		return nil, err
+		return ""
 	}
-	defer p.stop(10 * time.Second)
-	endpoint := strings.TrimPrefix(url, "http://")
-	if _, err := runYCSB(ctx, ycsb, "load", endpoint, cfg.Records, EdgeStep{Threads: 16}); err != nil {
-		return nil, fmt.Errorf("load: %w", err)
-	}
-	var runs []EdgeRun
-	for _, st := range cfg.Steps {
-		run, err := runYCSB(ctx, ycsb, "run", endpoint, cfg.Records, st)
-		if err != nil {
-			return nil, err
-		}
-		if err := p.check(); err != nil {
-			return nil, err
-		}
-		run.Server = name
-		fmt.Fprintf(w, "  %-11s %s\n", name, run)
-		runs = append(runs, run)
-	}
-	return runs, nil
+	return strings.Fields(string(b))[0]
 }
 
 func (r EdgeRun) String() string {
@@ -322,7 +351,10 @@ func (r Report) edgeMarkdown(b *strings.Builder) {
 	e := r.Edge
 	fmt.Fprintf(b, "### Edge store: YCSB workload A against etcd and aether edge (last run %s)\n\n", r.Date)
 	fmt.Fprintf(b, "- Machine: %s\n- Command: `%s`\n- Load generator: go-ycsb v1.0.3 (github.com/pingcap/go-ycsb), its etcd driver (clientv3, one client per go-ycsb process), built by the harness from `tools/ycsb`\n- etcd: %s, etcd's own main built from `tools/etcd`; aether edge: this binary\n\n", r.Machine, r.Command, e.EtcdVersion)
-	fmt.Fprintf(b, "Workload A: 50%% reads, 50%% updates, uniform over %d records loaded first; %d-byte keys, %d-byte values (go-ycsb's etcd driver stores a record as the JSON of its fields; one 15-byte field is the nearest it comes to 32 bytes). Each server is a fresh single member, started with etcd's flags, data in the system temporary directory (one disk, not tmpfs), run one after the other in the same run; each step is one go-ycsb process with the target rate and threads shown. Latencies are go-ycsb's, per operation, including the client.\n\n", e.Records, e.KeyBytes, e.ValueBytes)
+	fmt.Fprintf(b, "Workload A: 50%% reads, 50%% updates, uniform over %d records loaded first; %d-byte keys, %d-byte values (go-ycsb's etcd driver stores a record as the JSON of its fields; one 15-byte field is the nearest it comes to 32 bytes). Each server is a fresh single member, started with etcd's flags, data in the system temporary directory (one disk, not tmpfs); both run throughout, and each step runs on etcd and then on aether edge, one go-ycsb process each with the target rate and threads shown. Latencies are go-ycsb's, per operation, including the client.\n\n", e.Records, e.KeyBytes, e.ValueBytes)
+	if e.LoadAvgBefore != "" {
+		fmt.Fprintf(b, "The machine's 1-minute load average was %s before the load phase and %s after the last step (%d cores): figures taken beside other work are comparisons between the two servers, not capacities.\n\n", e.LoadAvgBefore, e.LoadAvgAfter, runtime.NumCPU())
+	}
 	b.WriteString("| server | target | threads | operations | achieved | read p50 | read p99 | update p50 | update p99 | errors |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range e.Runs {
 		target := "unbounded"

@@ -70,7 +70,8 @@ groups (comma-separated or repeated; default all):
                (tools/etcd) and against "aether edge" (this binary), one
                after the other in the same run, single members with data
                on the same disk: throughput and read/update p50/p99 at
-               1k/s, 10k/s and unbounded (64 threads), 100k records.
+               1k/s, 10k/s and unbounded (64 threads), 50k records
+               (about 3 minutes).
                With --quick: 1k records, 1k to 2k operations per step.
 
 It prints a summary, rewrites the sections of --out (docs/benchmarks.md by
