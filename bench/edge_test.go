@@ -1,6 +1,9 @@
 package bench
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // go-ycsb v1.0.3's output of a run against real etcd (the end of it: an
 // interval report, then the final one), plus an error line as its
@@ -32,5 +35,28 @@ func TestParseYCSB(t *testing.T) {
 func TestYCSBKeyLength(t *testing.T) {
 	if n := len(ycsbKey(99999)); n != 18 {
 		t.Errorf("key %q is %d bytes, want 18", ycsbKey(99999), n)
+	}
+}
+
+// TestEdgeSection: the goal line reads the unbounded rows, and says "not
+// met" when aether edge is slower or its p99 worse.
+func TestEdgeSection(t *testing.T) {
+	for _, tc := range []struct {
+		edgeOps, edgeP99 float64
+		want             string
+	}{{5000, 9, "met ("}, {4000, 9, "**not met**"}, {5000, 11, "**not met**"}} {
+		r := Report{Date: "d", Machine: "m", Command: "c", Edge: &EdgeResult{Records: 10, KeyBytes: 18, ValueBytes: 33, Runs: []EdgeRun{
+			{Server: "etcd", Target: 1000, Threads: 16, OpsPerSec: 1000, TotalP99: 1},
+			{Server: "etcd", Target: 0, Threads: 64, OpsPerSec: 4500, TotalP99: 10},
+			{Server: "aether edge", Target: 1000, Threads: 16, OpsPerSec: 1000, TotalP99: 100},
+			{Server: "aether edge", Target: 0, Threads: 64, OpsPerSec: tc.edgeOps, TotalP99: tc.edgeP99},
+		}}}
+		md := r.Markdown()
+		if !strings.Contains(md, edgeBeginMark) || !strings.Contains(md, "| aether edge | unbounded | 64 |") {
+			t.Fatalf("section lacks its marks or rows:\n%s", md)
+		}
+		if !strings.Contains(md, "same run: "+tc.want) {
+			t.Errorf("edge %.0f ops/s at p99 %.0f ms against etcd 4500 at 10: want %q in\n%s", tc.edgeOps, tc.edgeP99, tc.want, md)
+		}
 	}
 }
