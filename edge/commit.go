@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -40,6 +41,9 @@ func (b *batch) wait(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// maxYields bounds how often the committer yields to let a batch grow.
+const maxYields = 8
 
 // committer is the group-commit goroutine. Writers add applied changes while
 // holding the state lock (so a batch's records are in index order and
@@ -107,6 +111,19 @@ func (c *committer) run() {
 			c.mu.Unlock()
 			<-c.kick
 			c.mu.Lock()
+		}
+		// Let writers that are already runnable add to the batch first:
+		// yielding costs nothing when nobody else wants the CPU, and under
+		// load it turns a stream of one-change transactions into fewer,
+		// larger ones (the transaction, not the change, is what costs).
+		for range maxYields {
+			n := len(c.open.recs)
+			c.mu.Unlock()
+			runtime.Gosched()
+			c.mu.Lock()
+			if len(c.open.recs) == n {
+				break
+			}
 		}
 		b := c.open
 		c.open = &batch{done: make(chan struct{})}

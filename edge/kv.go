@@ -244,6 +244,7 @@ func (k *kvServer) Compact(ctx context.Context, r *pb.CompactionRequest) (*pb.Co
 	s.compactMu.Lock()
 	defer s.compactMu.Unlock()
 	s.mu.Lock()
+	prev := s.st.CompactRev()
 	err := s.st.Compact(r.Revision)
 	rev := s.st.Rev()
 	compacted := s.st.CompactRev()
@@ -253,6 +254,7 @@ func (k *kvServer) Compact(ctx context.Context, r *pb.CompactionRequest) (*pb.Co
 		return nil, togRPC(err)
 	}
 	s.hub.setCompacted(compacted)
+	s.noteCompactionHash(r.Revision, prev)
 	// Persist the compaction only once the changes up to it are durable,
 	// so a crash can never leave a compaction past the stored log.
 	if err := b.wait(ctx); err != nil {

@@ -10,6 +10,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 )
 
 func keysOf(resp *clientv3.GetResponse) string {
@@ -225,5 +227,49 @@ func TestRequestTooLarge(t *testing.T) {
 	}
 	if _, err := c.Put(ctx, "k", strings.Repeat("x", 900)); err != nil {
 		t.Fatalf("put under the limit: %v", err)
+	}
+}
+
+// HashKV's CompactRevision follows etcd's hash cache: at a revision where a
+// compaction happened it is the compaction before that one. The same
+// sequence runs against a real etcd and the edge store.
+func TestHashKVCompactRevisionLikeEtcd(t *testing.T) {
+	run := func(c *clientv3.Client, ep string) string {
+		ctx := testCtx(t)
+		gr, err := c.Get(ctx, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := gr.Header.Revision
+		var out []string
+		for i := range 8 {
+			if _, err := c.Put(ctx, "k", fmt.Sprint(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, rev := range []int64{base + 2, base + 5} {
+			if _, err := c.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, rev := range []int64{0, base + 2, base + 4, base + 5, base + 6} {
+			h, err := c.HashKV(ctx, ep, rev)
+			if err != nil {
+				out = append(out, fmt.Sprintf("rev+%d: %v", rev-base, err))
+				continue
+			}
+			cr := h.CompactRevision
+			if cr > 0 {
+				cr -= base
+			}
+			out = append(out, fmt.Sprintf("rev+%d: compact %d hashrev+%d", max(rev-base, 0), cr, h.HashRevision-base))
+		}
+		return strings.Join(out, "; ")
+	}
+	etcd := etcdtest.Start(t)
+	want := run(etcd.Client(t), etcd.Endpoints()[0])
+	s := startServer(t, "", nil)
+	if got := run(newClient(t, s), s.ClientURLs()[0]); got != want {
+		t.Fatalf("edge: %s\netcd: %s", got, want)
 	}
 }

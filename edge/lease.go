@@ -24,15 +24,22 @@ func (l *leaseServer) LeaseGrant(ctx context.Context, r *pb.LeaseGrantRequest) (
 		return nil, err
 	}
 	var resp *pb.LeaseGrantResponse
+	var expiry time.Time
 	rev, err := l.s.write(ctx, func(now time.Time) (ap *core.Applied, err error) {
 		resp, ap, err = l.s.st.LeaseGrant(now, r)
+		if err == nil {
+			expiry = now.Add(time.Duration(resp.TTL) * time.Second)
+		}
 		return ap, err
 	})
 	if err != nil {
 		return nil, err
 	}
-	// A new lease may expire before the one the expiry timer waits for.
-	l.s.kickLeases()
+	// The expiry timer needs re-arming only when the new lease expires
+	// before the one it waits for (each wake scans the leases).
+	if expiry.UnixNano() < l.s.leaseDeadline.Load() {
+		l.s.kickLeases()
+	}
 	resp.Header = l.s.header(resp.Header, rev)
 	return resp, nil
 }
@@ -160,22 +167,23 @@ func (s *Server) leaseLoop(ctx context.Context) {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
-		var next time.Time
-		var ok bool
 		if s.failure() == nil {
 			s.mu.Lock()
 			now := s.now()
 			for _, ap := range s.st.ExpireLeases(now) {
 				s.commit.add(ap)
 			}
-			next, ok = s.st.NextLeaseExpiry()
-			s.mu.Unlock()
+			next, ok := s.st.NextLeaseExpiry()
 			d := time.Hour
 			if ok {
 				// At least a millisecond: a lease the core did not expire
 				// at `now` must not make this loop spin.
 				d = max(next.Sub(now), time.Millisecond)
 			}
+			// Stored under the state lock: a grant applied after this
+			// sees it, one applied before is in NextLeaseExpiry.
+			s.leaseDeadline.Store(now.Add(d).UnixNano())
+			s.mu.Unlock()
 			t.Reset(d)
 		}
 		select {

@@ -5,10 +5,14 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // TestLoadYCSBA is an opt-in smoke load (EDGE_LOAD=1): YCSB workload A's
@@ -27,10 +31,26 @@ func TestLoadYCSBA(t *testing.T) {
 		}
 		t.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	s := startServer(t, dir, nil)
-	c := newClient(t, s)
+	var c *clientv3.Client
+	var s *Server
+	if ep := os.Getenv("EDGE_LOAD_ENDPOINT"); ep != "" {
+		// Another server (real etcd) under the same load, for comparison.
+		var err error
+		c, err = clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	} else {
+		s = startServer(t, dir, nil)
+		c = newClient(t, s)
+	}
 	ctx := testCtx(t)
-	const keys, threads = 1000, 64
+	const keys = 1000
+	threads := 64
+	if n, err := strconv.Atoi(os.Getenv("EDGE_LOAD_THREADS")); err == nil && n > 0 {
+		threads = n
+	}
 	key := func(i int) string { return fmt.Sprintf("user%014d", i) }
 	val := string(make([]byte, 32))
 	for i := range keys {
@@ -79,6 +99,9 @@ func TestLoadYCSBA(t *testing.T) {
 	// process) is steadier than throughput on a shared machine.
 	t.Logf("%d ops in %v: %.0f ops/s, p50 %v, p99 %v, cpu %v/op", len(lat), dur, float64(len(lat))/dur.Seconds(),
 		lat[len(lat)/2], lat[len(lat)*99/100], cpu/time.Duration(len(lat)))
+	if s == nil {
+		return
+	}
 	mfs, _ := s.Registry().Gather()
 	for _, mf := range mfs {
 		if mf.GetName() == "aether_edge_commit_batch_changes" {

@@ -60,6 +60,9 @@ func (m *maintenanceServer) Status(ctx context.Context, r *pb.StatusRequest) (*p
 // the same key space agree on it (the convergence check of part 2).
 func (m *maintenanceServer) HashKV(ctx context.Context, r *pb.HashKVRequest) (*pb.HashKVResponse, error) {
 	s := m.s
+	if c, ok := s.compactionHash(r.Revision); ok {
+		return &pb.HashKVResponse{Header: s.header(nil, s.currentRev()), Hash: c.hash, CompactRevision: c.prev, HashRevision: c.rev}, nil
+	}
 	var h uint32
 	var hashRev, compacted int64
 	rev, err := s.read(ctx, func() (err error) {
@@ -71,6 +74,47 @@ func (m *maintenanceServer) HashKV(ctx context.Context, r *pb.HashKVRequest) (*p
 		return nil, err
 	}
 	return &pb.HashKVResponse{Header: s.header(nil, rev), Hash: h, CompactRevision: compacted, HashRevision: hashRev}, nil
+}
+
+// etcd hashes the store at every compaction and keeps the last ten hashes
+// (storage/mvcc/hash.go); HashKV of exactly such a revision answers the
+// kept hash, even once a later compaction has removed that revision, with
+// the compaction before it as CompactRevision. The same here, in memory as
+// in etcd.
+const compactionHashesKept = 10
+
+type compactionHash struct {
+	rev, prev int64
+	hash      uint32
+}
+
+// noteCompactionHash hashes the store at rev, just compacted after prev.
+// The caller holds compactMu, so rev is still the compaction revision and
+// still readable.
+func (s *Server) noteCompactionHash(rev, prev int64) {
+	s.mu.RLock()
+	h, _, err := s.st.HashKV(rev)
+	s.mu.RUnlock()
+	if err != nil {
+		return
+	}
+	s.hashMu.Lock()
+	defer s.hashMu.Unlock()
+	s.compactionHashes = append(s.compactionHashes, compactionHash{rev: rev, prev: prev, hash: h})
+	if n := len(s.compactionHashes); n > compactionHashesKept {
+		s.compactionHashes = append([]compactionHash(nil), s.compactionHashes[n-compactionHashesKept:]...)
+	}
+}
+
+func (s *Server) compactionHash(rev int64) (compactionHash, bool) {
+	s.hashMu.Lock()
+	defer s.hashMu.Unlock()
+	for _, c := range s.compactionHashes {
+		if c.rev == rev {
+			return c, true
+		}
+	}
+	return compactionHash{}, false
 }
 
 // Hash (deprecated in etcd) answers the HashKV of the current revision.
@@ -102,6 +146,10 @@ func (m *maintenanceServer) Alarm(ctx context.Context, r *pb.AlarmRequest) (*pb.
 	case pb.AlarmRequest_GET, pb.AlarmRequest_DEACTIVATE:
 		return &pb.AlarmResponse{Header: s.header(nil, s.currentRev()), Alarms: []*pb.AlarmMember{}}, nil
 	case pb.AlarmRequest_ACTIVATE:
+		if r.Alarm == pb.AlarmType_NONE {
+			// etcd ignores it the same way.
+			return &pb.AlarmResponse{Header: s.header(nil, s.currentRev()), Alarms: []*pb.AlarmMember{}}, nil
+		}
 		return nil, status.Error(codes.Unimplemented, "edge: the edge store raises no alarms; activating one is not supported")
 	}
 	return nil, status.Errorf(codes.InvalidArgument, "edge: unknown alarm action %d", r.Action)

@@ -150,6 +150,9 @@ func (s *Server) newGRPCServer() *grpc.Server {
 		// with DialKeepAliveTime do, would be cut off with too_many_pings.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 2 * time.Hour, Timeout: 20 * time.Second}),
+		// Close relies on no handler running once the gRPC server has
+		// stopped: the committer and storage close after it.
+		grpc.WaitForHandlers(true),
 	)
 	pb.RegisterKVServer(g, &kvServer{s: s})
 	pb.RegisterWatchServer(g, &watchServer{s: s})
@@ -158,6 +161,7 @@ func (s *Server) newGRPCServer() *grpc.Server {
 	pb.RegisterMaintenanceServer(g, &maintenanceServer{s: s})
 	pb.RegisterAuthServer(g, &authServer{s: s})
 	edgev1.RegisterEdgeServer(g, &extServer{s: s})
+	s.registerLockElection(g)
 	// etcd serves the standard gRPC health service too (clients' health
 	// checking uses it).
 	hs := health.NewServer()

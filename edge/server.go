@@ -14,16 +14,20 @@
 //   - Group commit: the committer goroutine takes every change applied since
 //     its last write and persists them with one storage.Append (one bbolt
 //     transaction, one fsync). A write is acknowledged only when its batch is
-//     durable, and a read that saw a change not yet durable waits for that
-//     change's batch too, so no response ever shows state a crash could lose
-//     (etcd's durability guarantee).
+//     durable. A plain Range reads at the newest durable revision; any other
+//     read that may have seen a change not yet durable waits for that
+//     change's batch. So no response ever shows state, or a revision, that
+//     a crash could take back (etcd's durability guarantee).
 //   - Watchers are fed by the committer after durability, in revision order,
 //     one change at a time (watch.go).
 //   - Lease expiry is a timer set to core.NextLeaseExpiry; expired leases
 //     become changes through the same commit path (lease.go).
 //
 // gRPC and HTTP/1 (/metrics, /health) share each client port, as etcd's do:
-// see serve.go for how connections are told apart.
+// see serve.go for how connections are told apart. Besides etcd's KV,
+// Watch, Lease, Maintenance, Cluster and Auth services the port serves
+// etcd's Lock and Election services (lockelect.go) and the edge store's own
+// aether.edge.v1.Edge (ext.go).
 package edge
 
 import (
@@ -42,6 +46,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 
 	"github.com/aethermesh/aether/edge/internal/core"
@@ -113,6 +118,10 @@ type Server struct {
 	mu sync.RWMutex
 	st *core.State
 
+	// compactionHashes: see maintenance.go (HashKV).
+	hashMu           sync.Mutex
+	compactionHashes []compactionHash
+
 	// compactMu orders compactions so the revision persisted last is the
 	// highest one.
 	compactMu sync.Mutex
@@ -123,9 +132,15 @@ type Server struct {
 	ready  atomic.Bool
 
 	leaseKick chan struct{}
+	// leaseDeadline is when (Config.Now's unix nanos) the expiry timer
+	// fires; a grant expiring earlier re-arms it.
+	leaseDeadline atomic.Int64
 	// closing is closed when Close starts: streams (watch, keepalive) end
 	// on it so a graceful stop does not wait for them forever.
 	closing chan struct{}
+
+	// inproc is the in-process client the Lock and Election services use.
+	inproc *clientv3.Client
 
 	listeners []net.Listener
 	grpc      *grpc.Server
@@ -223,6 +238,15 @@ func (s *Server) recover(ctx context.Context) error {
 	s.memberID, s.clusterID = ids[0], ids[1]
 	s.st = core.New(core.ReplicaID(s.memberID))
 	s.st.SetMaxTxnOps(s.maxTxnOps)
+	// Storage can hold a checkpoint (a state snapshot bounding the log),
+	// but the core has no snapshot encoding yet, so this server never
+	// writes one; refuse a data dir that has one rather than replay only
+	// the changes after it.
+	if idx, _, err := s.store.Snapshot(); err != nil {
+		return fmt.Errorf("edge: read checkpoint: %w", err)
+	} else if idx > 0 {
+		return fmt.Errorf("edge: %s holds a checkpoint at index %d, which this build cannot restore", s.cfg.DataDir, idx)
+	}
 	n := 0
 	compacted, err := s.store.Load(func(r storage.Record) error {
 		n++
@@ -361,6 +385,11 @@ func (s *Server) Close(ctx context.Context) error {
 			_ = l.Close()
 		}
 		s.serveWG.Wait()
+		if s.inproc != nil {
+			// Its watch and keepalive streams are in-process: the gRPC
+			// stop does not end them, closing the client does.
+			_ = s.inproc.Close()
+		}
 		if s.stopLoops != nil {
 			s.stopLoops()
 		}

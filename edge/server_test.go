@@ -8,15 +8,18 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/etcdserver/api/membership"
+	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -24,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	edgev1 "github.com/aethermesh/aether/api/edge/v1"
+	"github.com/aethermesh/aether/edge/internal/storage"
 )
 
 func extClient(t *testing.T, s *Server) edgev1.EdgeClient {
@@ -56,7 +60,8 @@ func takeSnapshot(t *testing.T, s *Server) stateSnapshot {
 	}
 	ext := extClient(t, s)
 	snap := stateSnapshot{rev: hk.Header.Revision, compact: hk.CompactRevision, hash: hk.Hash}
-	for r := int64(2); r <= snap.rev; r++ {
+	// Compaction also drops the revision -> change map below it.
+	for r := max(2, snap.compact); r <= snap.rev; r++ {
 		h, err := ext.HashOfRevision(ctx, &edgev1.HashOfRevisionRequest{Revision: r})
 		if err != nil {
 			t.Fatalf("hash of revision %d: %v", r, err)
@@ -113,6 +118,9 @@ func TestRestartKeepsRevisionsHashesCompactionLeases(t *testing.T) {
 	}
 	if before.compact != 10 {
 		t.Fatalf("compact revision %d, want 10", before.compact)
+	}
+	if _, err := extClient(t, s2).HashOfRevision(ctx, &edgev1.HashOfRevisionRequest{Revision: 9}); status.Code(err) != codes.NotFound {
+		t.Fatalf("hash of a compacted revision: %v", err)
 	}
 	c2 := newClient(t, s2)
 	if _, err := c2.Get(ctx, "r/0", clientv3.WithRev(9)); !errors.Is(err, rpctypes.ErrCompacted) {
@@ -358,4 +366,105 @@ func TestStartRefusesUnknownMember(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	_ = pb.AlarmRequest_GET
+}
+
+// When storage fails the in-memory state is ahead of the disk: the server
+// must stop acknowledging anything, say so in Status and /health, and
+// never show the unpersisted change. The failure is real: the log is
+// closed under the server.
+func TestStorageFailureStopsServing(t *testing.T) {
+	s := startServer(t, "", nil)
+	c := newClient(t, s)
+	ctx := testCtx(t)
+	if _, err := c.Put(ctx, "k", "durable"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Put(ctx, "k", "lost")
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "storage failed") {
+		t.Fatalf("put after a storage failure: %v", err)
+	}
+	if _, err := c.Get(ctx, "k"); status.Code(err) != codes.Unavailable {
+		t.Fatalf("get after a storage failure: %v", err)
+	}
+	if s.Ready() {
+		t.Fatal("Ready after a storage failure")
+	}
+	st, err := c.Status(ctx, s.ClientURLs()[0])
+	if err != nil || len(st.Errors) == 0 {
+		t.Fatalf("status after a storage failure: %+v %v", st, err)
+	}
+	resp, err := http.Get(s.ClientURLs()[0] + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/health after a storage failure: %d", resp.StatusCode)
+	}
+}
+
+// Close ends every goroutine the server started: the count returns to
+// what it was before Start once the server and its client are closed.
+func TestCloseJoinsGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	func() {
+		s := startServer(t, "", nil)
+		c, err := clientv3.New(clientv3.Config{Endpoints: s.ClientURLs(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := testCtx(t)
+		wch := c.Watch(ctx, "k", clientv3.WithPrefix())
+		g, _ := c.Grant(ctx, 30)
+		if _, err := c.KeepAlive(ctx, g.ID); err != nil {
+			t.Fatal(err)
+		}
+		c.Put(ctx, "k", "v", clientv3.WithLease(g.ID))
+		recvWatch(t, wch)
+		lc := v3lockpb.NewLockClient(c.ActiveConnection())
+		if _, err := lc.Lock(ctx, &v3lockpb.LockRequest{Name: []byte("m"), Lease: int64(g.ID)}); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		closeServer(t, s)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines before Start, %d after Close:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A data dir with a storage checkpoint cannot be restored by this build
+// (the core has no snapshot encoding): Start refuses it by name instead of
+// replaying only the changes after the checkpoint.
+func TestStartRefusesCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	s := startServer(t, dir, nil)
+	c := newClient(t, s)
+	if _, err := c.Put(testCtx(t), "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	closeServer(t, s)
+	l, err := storage.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Checkpoint(1, []byte("state")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Name: "e1", DataDir: dir, ListenClientURLs: []url.URL{{Scheme: "http", Host: "127.0.0.1:0"}},
+		AdvertisePeerURLs: []url.URL{{Scheme: "http", Host: "127.0.0.1:2380"}}}
+	if _, err := Start(testCtx(t), cfg); err == nil || !strings.Contains(err.Error(), "holds a checkpoint at index 1") {
+		t.Fatalf("Start on a checkpointed data dir: %v", err)
+	}
 }

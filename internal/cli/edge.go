@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -21,6 +22,7 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/tlsutil"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/client/pkg/v3/types"
+	"go.etcd.io/etcd/pkg/v3/netutil"
 	"go.uber.org/zap"
 )
 
@@ -134,22 +136,23 @@ var edgeOtherFlags = []edgeOtherFlag{
 	{name: "discovery-insecure-transport", def: "true", isBool: true, class: edgeIgnored},
 	{name: "discovery-insecure-skip-tls-verify", def: "false", isBool: true, class: edgeIgnored},
 	{name: "discovery-fallback", def: "exit", class: edgeIgnored},
-	// etcdmain's own list of flags it accepts and ignores (old releases').
-	{name: "cluster-active-size", class: edgeIgnored},
-	{name: "cluster-remove-delay", class: edgeIgnored},
-	{name: "cluster-sync-interval", class: edgeIgnored},
-	{name: "config", class: edgeIgnored},
-	{name: "force", class: edgeIgnored},
-	{name: "max-result-buffer", class: edgeIgnored},
-	{name: "max-retry-attempts", class: edgeIgnored},
-	{name: "peer-heartbeat-interval", class: edgeIgnored},
-	{name: "peer-election-timeout", class: edgeIgnored},
-	{name: "retry-interval", class: edgeIgnored},
-	{name: "snapshot", class: edgeIgnored},
-	{name: "v", class: edgeIgnored},
-	{name: "vv", class: edgeIgnored},
-	{name: "test.coverprofile", class: edgeIgnored},
-	{name: "test.outputdir", class: edgeIgnored},
+	// etcdmain's own list of flags it accepts and ignores (old releases'),
+	// boolean-style as etcd's flags.IgnoredFlag is, so a bare -v works.
+	{name: "cluster-active-size", isBool: true, class: edgeIgnored},
+	{name: "cluster-remove-delay", isBool: true, class: edgeIgnored},
+	{name: "cluster-sync-interval", isBool: true, class: edgeIgnored},
+	{name: "config", isBool: true, class: edgeIgnored},
+	{name: "force", isBool: true, class: edgeIgnored},
+	{name: "max-result-buffer", isBool: true, class: edgeIgnored},
+	{name: "max-retry-attempts", isBool: true, class: edgeIgnored},
+	{name: "peer-heartbeat-interval", isBool: true, class: edgeIgnored},
+	{name: "peer-election-timeout", isBool: true, class: edgeIgnored},
+	{name: "retry-interval", isBool: true, class: edgeIgnored},
+	{name: "snapshot", isBool: true, class: edgeIgnored},
+	{name: "v", isBool: true, class: edgeIgnored},
+	{name: "vv", isBool: true, class: edgeIgnored},
+	{name: "test.coverprofile", isBool: true, class: edgeIgnored},
+	{name: "test.outputdir", isBool: true, class: edgeIgnored},
 
 	// Features aether edge does not have.
 	{name: "config-file", def: "", class: edgeRefused, why: "configuration files are not supported; use flags or ETCD_* variables"},
@@ -407,7 +410,7 @@ func parseEdgeArgs(args []string, lookup lookupFunc, stdout, stderr io.Writer) (
 	}
 	sort.Strings(ignored)
 
-	logger, closers, err := newEdgeLogger(f, stderr)
+	logger, closers, err := newEdgeLogger(f, stdout, stderr)
 	if err != nil {
 		return edgeParseResult{}, err
 	}
@@ -492,7 +495,9 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 	if !ok {
 		return fmt.Errorf("couldn't find local name %q in the initial cluster configuration", s.Name)
 	}
-	if !sameURLs(mine, s.AdvertisePeerURLs) {
+	// etcd checks this when bootstrapping a new cluster, resolving host
+	// names (localhost matches 127.0.0.1).
+	if f.initialState == "new" && !sameURLs(mine, s.AdvertisePeerURLs) {
 		return fmt.Errorf("--initial-cluster has %s=%s but missing from --initial-advertise-peer-urls=%s",
 			s.Name, types.URLs(mine).String(), types.URLs(s.AdvertisePeerURLs).String())
 	}
@@ -607,18 +612,26 @@ func edgeURLs(flagName, v string) ([]url.URL, error) {
 	return []url.URL(us), nil
 }
 
+// sameURLs is etcd's advertiseMatchesCluster comparison
+// (netutil.URLStringsEqual): equal as strings, or after resolving hosts.
 func sameURLs(a, b []url.URL) bool {
 	as, bs := types.URLs(a).StringSlice(), types.URLs(b).StringSlice()
 	sort.Strings(as)
 	sort.Strings(bs)
-	return slices.Equal(as, bs)
+	if slices.Equal(as, bs) {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // etcd's bound
+	defer cancel()
+	ok, _ := netutil.URLStringsEqual(ctx, zap.NewNop(), as, bs)
+	return ok
 }
 
 // newEdgeLogger builds the logger etcd's flags describe: JSON lines shaped
 // like etcd's zap output ({"level":"info","ts":...,"msg":...}), so tools
 // that grep etcd's log (its e2e harness waits for "ready to serve client
 // requests") read ours.
-func newEdgeLogger(f *edgeFlags, stderr io.Writer) (*slog.Logger, []io.Closer, error) {
+func newEdgeLogger(f *edgeFlags, stdout, stderr io.Writer) (*slog.Logger, []io.Closer, error) {
 	if f.logger != "zap" {
 		return nil, nil, fmt.Errorf("unknown logger option %q", f.logger)
 	}
@@ -645,7 +658,7 @@ func newEdgeLogger(f *edgeFlags, stderr io.Writer) (*slog.Logger, []io.Closer, e
 		case "default", "stderr":
 			writers = append(writers, stderr)
 		case "stdout":
-			writers = append(writers, os.Stdout)
+			writers = append(writers, stdout)
 		case "":
 		default:
 			file, err := os.OpenFile(out, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)

@@ -204,6 +204,7 @@ func TestEdgeFlagSpellings(t *testing.T) {
 		"--heartbeat-interval", "50",
 		"-election-timeout=500",
 		"-watch-progress-notify-interval", "250ms",
+		"-v", // etcd's IgnoredFlag: boolean-style, takes no value
 	)
 	s := res.settings
 	if s.Name != "e1" || s.DataDir != dir || s.InitialClusterToken != "tok" || s.WatchProgressNotifyInterval != 250*time.Millisecond {
@@ -213,7 +214,7 @@ func TestEdgeFlagSpellings(t *testing.T) {
 	if want := map[string][]url.URL{"e1": mustURLs(t, "http://localhost:2380")}; !reflect.DeepEqual(s.InitialCluster, want) {
 		t.Errorf("initial cluster = %v, want %v", s.InitialCluster, want)
 	}
-	if want := []string{"--election-timeout", "--heartbeat-interval"}; !reflect.DeepEqual(s.Ignored, want) {
+	if want := []string{"--election-timeout", "--heartbeat-interval", "--v"}; !reflect.DeepEqual(s.Ignored, want) {
 		t.Errorf("ignored = %v, want %v", s.Ignored, want)
 	}
 }
@@ -281,6 +282,16 @@ func TestEdgeExperimentalFlags(t *testing.T) {
 	if res.err == nil || !strings.Contains(res.err.Error(), "--experimental-enable-distributed-tracing") {
 		t.Errorf("err = %v, want the tracing flag refused by name", res.err)
 	}
+}
+
+// etcd compares advertised and initial-cluster peer URLs (resolving host
+// names, but not "localhost") only when bootstrapping a new cluster.
+func TestEdgeInitialClusterCheck(t *testing.T) {
+	res := runEdgeCLI(t, nil, "--initial-cluster=default=http://127.0.0.1:2380")
+	if res.err == nil || !strings.Contains(res.err.Error(), "missing from --initial-advertise-peer-urls") {
+		t.Errorf("localhost against 127.0.0.1: err = %v, want etcd's refusal", res.err)
+	}
+	mustEdge(t, nil, "--initial-cluster=default=http://10.9.9.9:2380", "--initial-cluster-state=existing")
 }
 
 func TestEdgeBadCommandLines(t *testing.T) {
@@ -418,5 +429,14 @@ func TestEdgeLogOutputsFile(t *testing.T) {
 	}
 	if lines := logLines(t, string(b)); len(lines) != 1 || lines[0]["msg"] == nil || lines[0]["ts"] == nil {
 		t.Errorf("log file = %q", b)
+	}
+}
+
+func TestEdgeLogOutputsStdoutAndStderr(t *testing.T) {
+	res := mustEdge(t, nil, "--log-outputs=stdout,stderr", "--snapshot-count=1")
+	for name, out := range map[string]string{"stdout": res.stdout, "stderr": res.stderr} {
+		if lines := logLines(t, out); len(lines) != 1 {
+			t.Errorf("%s has %d log lines, want the one: %q", name, len(lines), out)
+		}
 	}
 }

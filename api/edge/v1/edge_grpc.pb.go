@@ -44,12 +44,14 @@ type EdgeClient interface {
 	// holds names as a parent. A new local change has exactly these parents.
 	Heads(ctx context.Context, in *HeadsRequest, opts ...grpc.CallOption) (*HeadsResponse, error)
 	// HashOfRevision maps a revision of this replica to its change. NotFound
-	// when no change has that revision here (a future revision, or 0).
+	// when no change has that revision here: a future revision, 1 (the empty
+	// store) or below, or one below the compaction revision (compaction drops
+	// the map with the history).
 	HashOfRevision(ctx context.Context, in *HashOfRevisionRequest, opts ...grpc.CallOption) (*HashOfRevisionResponse, error)
 	// RevisionOfHash maps a change to the revision this replica gave it.
-	// NotFound when the replica does not hold the change, or holds it
-	// without a revision (a change that did not touch keys, such as a lease
-	// grant).
+	// NotFound when the replica does not hold the change, holds it without a
+	// revision (a change that did not touch keys, such as a lease grant), or
+	// no longer maps it (compacted).
 	RevisionOfHash(ctx context.Context, in *RevisionOfHashRequest, opts ...grpc.CallOption) (*RevisionOfHashResponse, error)
 	// ReplicationStatus tells, for each peer this replica syncs with, which
 	// of the given changes the peer is known to hold. Part 1 has no peers:
@@ -113,12 +115,14 @@ type EdgeServer interface {
 	// holds names as a parent. A new local change has exactly these parents.
 	Heads(context.Context, *HeadsRequest) (*HeadsResponse, error)
 	// HashOfRevision maps a revision of this replica to its change. NotFound
-	// when no change has that revision here (a future revision, or 0).
+	// when no change has that revision here: a future revision, 1 (the empty
+	// store) or below, or one below the compaction revision (compaction drops
+	// the map with the history).
 	HashOfRevision(context.Context, *HashOfRevisionRequest) (*HashOfRevisionResponse, error)
 	// RevisionOfHash maps a change to the revision this replica gave it.
-	// NotFound when the replica does not hold the change, or holds it
-	// without a revision (a change that did not touch keys, such as a lease
-	// grant).
+	// NotFound when the replica does not hold the change, holds it without a
+	// revision (a change that did not touch keys, such as a lease grant), or
+	// no longer maps it (compacted).
 	RevisionOfHash(context.Context, *RevisionOfHashRequest) (*RevisionOfHashResponse, error)
 	// ReplicationStatus tells, for each peer this replica syncs with, which
 	// of the given changes the peer is known to hold. Part 1 has no peers:

@@ -40,7 +40,9 @@
 // so the first write is revision 2, and CompactRev is -1 before the first
 // compaction. Revisions are per replica: a change merged in from a peer
 // (part 2) gets this replica's next revision, never one in the past.
-// Revision <-> hash and index <-> hash are kept for every change.
+// Revision <-> hash and index <-> hash are kept for every change since the
+// last compaction (from the change that made the compaction revision on):
+// like the values, the bookkeeping of history is bounded by compaction.
 //
 // # Clock
 //
@@ -67,9 +69,21 @@
 //     after Recv they exceed every stamp it has seen, so a change is never
 //     shadowed by something its author had already seen (causality is
 //     respected: a later write in happens-before order has a larger stamp).
-//   - A losing remote write still gets a revision and a change-log entry
-//     (the DAG is complete) but does not alter the key's value, version
-//     or events.
+//   - A merged change gets the next index and its place in the DAG
+//     whatever happens; it gets a revision, and events, only if one of its
+//     ops won. A losing write alters nothing a client sees.
+//   - The ops of one change on one key share a stamp and are decided
+//     together against the winner before the change.
+//
+// Merge implements the rule (and Replay re-decides merged changes the same
+// way, in the same order, so recovery is exact). Open for part 2: a
+// compaction removes a key whose only version is a tombstone, and with it
+// the tombstone's stamp, so a put concurrent with that delete, arriving
+// after the compaction, would come back (tombstones need causal stability
+// before they go); compaction also forgets old change hashes, so a change
+// whose parents were compacted here is refused (ErrMissingParents); a
+// revoke merged in deletes the keys its granter saw attached, not keys
+// attached here concurrently.
 //
 // # Leases
 //
@@ -78,6 +92,11 @@
 // client-chosen id is honoured (ErrGRPCLeaseExist if taken). A lease
 // expires by the clock of the replica that granted it (ExpireLeases only
 // revokes this replica's), and its expiry is one change.
+//
+// The state keeps the byte slices of the requests it applies (keys and
+// values are not copied), and the events and responses it returns share
+// them: neither side may modify them afterwards. Everything else returned
+// (responses, events, KeyValues) is the caller's to change.
 //
 // Requests follow etcd v3.7.3's checks and apply code to the error value,
 // header revision and quirk; see kv.go for the references.

@@ -13,11 +13,27 @@ import (
 // live here too (the core is the whole in-memory state; the storage package
 // keeps only the change log).
 
+// val is a key's value at one revision, with etcd's metadata. Stored by
+// value (no pointer per version) to keep the heap light for the collector.
+type val struct {
+	value  []byte
+	create int64
+	mod    int64
+	ver    int64
+	lease  int64
+}
+
+// kv is the value as etcd's KeyValue, a fresh one.
+func (v *val) kv(key []byte) *mvccpb.KeyValue {
+	return &mvccpb.KeyValue{Key: key, Value: v.value, CreateRevision: v.create, ModRevision: v.mod, Version: v.ver, Lease: v.lease}
+}
+
 // version is one revision of one key: a stored value, or a tombstone.
 type version struct {
 	main int64
 	sub  int64
-	kv   *mvccpb.KeyValue // nil: tombstone. Never modified, never handed out.
+	tomb bool
+	v    val
 }
 
 type generation struct {
@@ -37,14 +53,16 @@ type keyRec struct {
 	// it (package doc, "Conflict rule").
 	win     HLC
 	winRepl ReplicaID
+	dirty   bool // listed in State.dirty
 }
 
 func (k *keyRec) isEmpty() bool {
 	return len(k.gens) == 0 || (len(k.gens) == 1 && k.gens[0].isEmpty())
 }
 
-// live is the key's current value, nil when it does not exist now.
-func (k *keyRec) live() *mvccpb.KeyValue {
+// live is the key's current value, nil when it does not exist now. The
+// pointer is into the index: valid until the key's next write.
+func (k *keyRec) live() *val {
 	if len(k.gens) == 0 {
 		return nil
 	}
@@ -52,10 +70,10 @@ func (k *keyRec) live() *mvccpb.KeyValue {
 	if len(g.revs) == 0 {
 		return nil
 	}
-	return g.revs[len(g.revs)-1].kv
+	return &g.revs[len(g.revs)-1].v
 }
 
-func (k *keyRec) put(main, sub int64, kv *mvccpb.KeyValue) {
+func (k *keyRec) put(main, sub int64, v val, tomb bool) {
 	if len(k.gens) == 0 {
 		k.gens = append(k.gens, generation{})
 	}
@@ -63,18 +81,19 @@ func (k *keyRec) put(main, sub int64, kv *mvccpb.KeyValue) {
 	if len(g.revs) == 0 {
 		g.created = main
 	}
-	g.revs = append(g.revs, version{main: main, sub: sub, kv: kv})
+	g.revs = append(g.revs, version{main: main, sub: sub, v: v, tomb: tomb})
 	g.ver++
 }
 
 func (k *keyRec) tombstone(main, sub int64) {
-	k.put(main, sub, nil)
+	k.put(main, sub, val{}, true)
 	k.gens = append(k.gens, generation{})
 }
 
 // at returns the key's value at revision rev, nil if it did not exist then
-// (etcd's keyIndex.get with findGeneration).
-func (k *keyRec) at(rev int64) *mvccpb.KeyValue {
+// (etcd's keyIndex.get with findGeneration). The pointer is into the
+// index: valid until the key's next write or compaction.
+func (k *keyRec) at(rev int64) *val {
 	last := len(k.gens) - 1
 	for cg := last; cg >= 0; cg-- {
 		g := &k.gens[cg]
@@ -87,7 +106,10 @@ func (k *keyRec) at(rev int64) *mvccpb.KeyValue {
 		if g.revs[0].main <= rev {
 			for i := len(g.revs) - 1; i >= 0; i-- {
 				if g.revs[i].main <= rev {
-					return g.revs[i].kv
+					if g.revs[i].tomb {
+						return nil
+					}
+					return &g.revs[i].v
 				}
 			}
 			return nil
@@ -113,14 +135,23 @@ func (k *keyRec) compact(atRev int64) {
 	}
 	g := &k.gens[gi]
 	if !g.isEmpty() {
-		for i := len(g.revs) - 1; i >= 0; i-- {
+		for i := len(g.revs) - 1; i > 0; i-- {
 			if g.revs[i].main <= atRev {
-				g.revs = append([]version(nil), g.revs[i:]...)
+				// In place: compaction runs over every key and should not
+				// allocate for each; clearing the tail lets the dropped
+				// values be collected.
+				n := copy(g.revs, g.revs[i:])
+				clear(g.revs[n:])
+				g.revs = g.revs[:n]
 				break
 			}
 		}
 	}
-	k.gens = append([]generation(nil), k.gens[gi:]...)
+	if gi > 0 {
+		n := copy(k.gens, k.gens[gi:])
+		clear(k.gens[n:])
+		k.gens = k.gens[:n]
+	}
 }
 
 // ordered keeps the key records in key order for ranges: a list of sorted

@@ -44,19 +44,19 @@ func (s *State) rangeAt(r *pb.RangeRequest, cur int64) (*pb.RangeResponse, error
 	key, single := r.GetKey(), len(r.GetRangeEnd()) == 0
 	end := mkGteRange(r.GetRangeEnd())
 	if r.GetCountOnly() {
-		s.visit(key, end, single, rev, func(*mvccpb.KeyValue) { resp.Count++ })
+		s.visit(key, end, single, rev, func(*keyRec, *val) { resp.Count++ })
 		resp.Kvs = []*mvccpb.KeyValue{}
 		return resp, nil
 	}
 	limit := rangeLimit(r)
 	fastKeysOnly := r.GetKeysOnly() && r.GetSortTarget() != pb.RangeRequest_VALUE
 	var kvs []*mvccpb.KeyValue
-	s.visit(key, end, single, rev, func(kv *mvccpb.KeyValue) {
+	s.visit(key, end, single, rev, func(k *keyRec, v *val) {
 		resp.Count++
 		if limit > 0 && int64(len(kvs)) >= limit {
 			return
 		}
-		c := cloneKV(kv)
+		c := v.kv(k.key)
 		if fastKeysOnly {
 			// etcd answers these from its index alone: no value, no lease.
 			c.Value, c.Lease = nil, 0
@@ -83,18 +83,18 @@ func (s *State) rangeAt(r *pb.RangeRequest, cur int64) (*pb.RangeResponse, error
 
 // visit calls f, in key order, with the value at rev of every key of the
 // range that existed then.
-func (s *State) visit(key, end []byte, single bool, rev int64, f func(*mvccpb.KeyValue)) {
+func (s *State) visit(key, end []byte, single bool, rev int64, f func(*keyRec, *val)) {
 	if single {
 		if k := s.keys[string(key)]; k != nil {
-			if kv := k.at(rev); kv != nil {
-				f(kv)
+			if v := k.at(rev); v != nil {
+				f(k, v)
 			}
 		}
 		return
 	}
 	s.order.ascend(key, end, func(k *keyRec) bool {
-		if kv := k.at(rev); kv != nil {
-			f(kv)
+		if v := k.at(rev); v != nil {
+			f(k, v)
 		}
 		return true
 	})
@@ -225,7 +225,9 @@ func (s *State) put(w *writer, req *pb.PutRequest) *pb.PutResponse {
 	var prev *mvccpb.KeyValue
 	if req.GetIgnoreValue() || req.GetIgnoreLease() || req.GetPrevKv() {
 		if k := s.keys[string(req.GetKey())]; k != nil {
-			prev = k.at(w.rev())
+			if v := k.at(w.rev()); v != nil {
+				prev = v.kv(k.key)
+			}
 		}
 	}
 	val, lease := req.GetValue(), req.GetLease()
@@ -240,7 +242,7 @@ func (s *State) put(w *writer, req *pb.PutRequest) *pb.PutResponse {
 			lease = prev.Lease
 		}
 		if req.GetPrevKv() {
-			resp.PrevKv = cloneKV(prev)
+			resp.PrevKv = prev
 		}
 	}
 	w.put(req.GetKey(), val, lease)
@@ -266,7 +268,7 @@ func (s *State) deleteRange(w *writer, req *pb.DeleteRangeRequest) *pb.DeleteRan
 	end := mkGteRange(req.GetRangeEnd())
 	if req.GetPrevKv() {
 		resp.PrevKvs = []*mvccpb.KeyValue{}
-		s.visit(key, end, single, w.rev(), func(kv *mvccpb.KeyValue) { resp.PrevKvs = append(resp.PrevKvs, cloneKV(kv)) })
+		s.visit(key, end, single, w.rev(), func(k *keyRec, v *val) { resp.PrevKvs = append(resp.PrevKvs, v.kv(k.key)) })
 	}
 	touched := len(w.evs) > 0
 	resp.Deleted = w.deleteRange(key, end, single)
@@ -321,8 +323,10 @@ func (s *State) planTxn(rt *pb.TxnRequest) *txnPlan {
 	}
 	p.subs = make([]*txnPlan, len(p.reqs))
 	for i, op := range p.reqs {
-		if t := op.GetRequestTxn(); t != nil {
-			p.subs[i] = s.planTxn(t)
+		// A nested Txn that is nil (only possible in-process: on the wire
+		// it is an empty message) plans as the empty Txn.
+		if tv, ok := op.GetRequest().(*pb.RequestOp_RequestTxn); ok {
+			p.subs[i] = s.planTxn(tv.RequestTxn)
 		}
 	}
 	return p
@@ -394,7 +398,7 @@ func (s *State) applyCompares(cmps []*pb.Compare) bool {
 // against the zero KeyValue (version, revisions and lease 0).
 func (s *State) applyCompare(c *pb.Compare) bool {
 	var kvs []*mvccpb.KeyValue
-	s.visit(c.GetKey(), mkGteRange(c.GetRangeEnd()), len(c.GetRangeEnd()) == 0, s.rev, func(kv *mvccpb.KeyValue) { kvs = append(kvs, kv) })
+	s.visit(c.GetKey(), mkGteRange(c.GetRangeEnd()), len(c.GetRangeEnd()) == 0, s.rev, func(k *keyRec, v *val) { kvs = append(kvs, v.kv(k.key)) })
 	if len(kvs) == 0 {
 		if c.GetTarget() == pb.Compare_VALUE {
 			return false

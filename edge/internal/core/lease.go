@@ -115,10 +115,11 @@ func (s *State) revoke(now time.Time, l *leaseRec) *Applied {
 
 // LeaseRenew is a keepalive: the lease's full TTL again from now. Not a
 // change. An expired lease is not found, as in etcd (it waits for the
-// revoke, then answers not found).
+// revoke, then answers not found). So is, for now, a lease another replica
+// granted: its granter keeps it alive (how keepalives reach it is part 2's).
 func (s *State) LeaseRenew(now time.Time, id int64) (ttl int64, err error) {
 	l := s.leases[id]
-	if l == nil || !now.Before(l.expiry) {
+	if l == nil || l.granter != s.id || !now.Before(l.expiry) {
 		return -1, rpctypes.ErrGRPCLeaseNotFound
 	}
 	l.expiry = now.Add(time.Duration(l.ttl) * time.Second)
@@ -199,11 +200,16 @@ func (s *State) NextLeaseExpiry() (time.Time, bool) {
 	return next, ok
 }
 
-// PromoteLeases gives every lease its full TTL again from now: after a
-// restart nobody knows how long the replica was down, and etcd's lessor
-// does the same when it becomes primary (Promote).
+// PromoteLeases gives every lease this replica granted its full TTL again
+// from now: after a restart nobody knows how long the replica was down,
+// and etcd's lessor does the same when it becomes primary (Promote).
+// Leases of other replicas keep no expiry here: their granter expires them.
 func (s *State) PromoteLeases(now time.Time) {
 	for _, l := range s.leases {
-		l.expiry = now.Add(time.Duration(l.ttl) * time.Second)
+		if l.granter == s.id {
+			l.expiry = now.Add(time.Duration(l.ttl) * time.Second)
+		} else {
+			l.expiry = time.Time{}
+		}
 	}
 }

@@ -18,7 +18,7 @@ type Applied struct {
 	Encoded []byte
 	Index   uint64
 	Rev     int64           // 0 when the change does not touch keys
-	Events  []*mvccpb.Event // Kv.ModRevision == Rev; PrevKv filled when a previous value existed
+	Events  []*mvccpb.Event // Kv.ModRevision == Rev; PrevKv filled as etcd's watch fills it: the value at Rev-1, except on a create (version 1)
 	Change  *Change         // the decoded change (shares Encoded's content)
 }
 
@@ -52,12 +52,21 @@ type State struct {
 	keys  map[string]*keyRec
 	order ordered
 
-	idxHash []Hash            // idxHash[i-1]: change of index i
-	revHash []Hash            // revHash[r-2]: change of revision r (revision 1 is the empty store, as in etcd)
-	known   map[Hash]changeAt // every applied change
+	// The change of index i is idxHash[i-idxBase], of revision r
+	// revHash[r-revBase] (revision 1 is the empty store, as in etcd); known
+	// maps back. All three keep the changes since the compaction: history
+	// is bounded, as etcd's.
+	idxHash []Hash
+	idxBase uint64
+	revHash []Hash
+	revBase int64
+	known   map[Hash]changeAt
 
 	log     []revLog // log[r-logBase]: the events of revision r, for r >= logBase
 	logBase int64
+
+	// dirty are the keys compaction may shorten (Compact).
+	dirty []*keyRec
 
 	leases   map[int64]*leaseRec
 	leaseSeq uint64
@@ -75,9 +84,12 @@ type revLog struct {
 }
 
 type logEv struct {
-	key  []byte
-	kv   *mvccpb.KeyValue // nil: delete
-	prev *mvccpb.KeyValue
+	rec     *keyRec
+	key     []byte
+	del     bool
+	hasPrev bool
+	cur     val // the put's value (unset for a delete)
+	prev    val // the value before the change, when hasPrev
 }
 
 // New returns the empty state of replica id. As in etcd the empty store is
@@ -90,6 +102,8 @@ func New(id ReplicaID) *State {
 		rev:         1,
 		compactRev:  -1,
 		logBase:     2,
+		idxBase:     1,
+		revBase:     2,
 		keys:        make(map[string]*keyRec),
 		known:       make(map[Hash]changeAt),
 		leases:      make(map[int64]*leaseRec),
@@ -147,18 +161,18 @@ func (s *State) IndexOf(h Hash) (uint64, bool) {
 
 // HashOfRevision is the change that made revision rev.
 func (s *State) HashOfRevision(rev int64) (Hash, bool) {
-	if rev < 2 || rev > s.rev {
+	if rev < s.revBase || rev > s.rev {
 		return Hash{}, false
 	}
-	return s.revHash[rev-2], true
+	return s.revHash[rev-s.revBase], true
 }
 
 // HashOfIndex is the change applied as index i.
 func (s *State) HashOfIndex(i uint64) (Hash, bool) {
-	if i < 1 || i > s.index {
+	if i < s.idxBase || i > s.index {
 		return Hash{}, false
 	}
-	return s.idxHash[i-1], true
+	return s.idxHash[i-s.idxBase], true
 }
 
 // Winner is the (stamp, replica) of the write that decided key's current
@@ -179,6 +193,7 @@ type writer struct {
 	begin int64
 	ops   []Op
 	evs   []logEv
+	tombs []*keyRec // merged deletes of keys absent here: the winner changes, nothing else
 }
 
 func (s *State) newWriter() *writer { return &writer{s: s, begin: s.rev} }
@@ -201,34 +216,43 @@ func (w *writer) put(key, value []byte, lease int64) {
 		s.keys[string(key)] = k
 		s.order.insert(k)
 	}
-	old := k.live()
-	kv := &mvccpb.KeyValue{Key: k.key, Value: value, ModRevision: main, Lease: lease, CreateRevision: main, Version: 1}
-	if old != nil {
-		kv.CreateRevision = old.CreateRevision
-		kv.Version = old.Version + 1
+	ev := logEv{rec: k, key: k.key}
+	if p := k.at(w.begin); p != nil {
+		ev.prev, ev.hasPrev = *p, true
 	}
-	k.put(main, sub, kv)
-	if old != nil && old.Lease != lease {
-		s.detach(old.Lease, key)
+	v := val{value: value, mod: main, lease: lease, create: main, ver: 1}
+	oldLease := int64(0)
+	if old := k.live(); old != nil {
+		v.create, v.ver, oldLease = old.create, old.ver+1, old.lease
+		if oldLease != lease {
+			s.detach(oldLease, key)
+		}
 	}
-	if lease != 0 && (old == nil || old.Lease != lease) {
+	if lease != 0 && oldLease != lease {
 		s.attach(lease, key)
 	}
+	k.put(main, sub, v, false)
+	ev.cur = v
 	w.ops = append(w.ops, Op{Kind: OpPut, Key: k.key, Value: value, Lease: lease})
-	w.evs = append(w.evs, logEv{key: k.key, kv: kv, prev: k.at(w.begin)})
+	s.markDirty(k)
+	w.evs = append(w.evs, ev)
 }
 
 // del tombstones a key that exists at w.rev().
 func (w *writer) del(key []byte) {
 	s := w.s
 	k := s.keys[string(key)]
-	old := k.live()
-	k.tombstone(w.begin+1, int64(len(w.evs)))
-	if old.Lease != 0 {
-		s.detach(old.Lease, key)
+	ev := logEv{rec: k, key: k.key, del: true}
+	if p := k.at(w.begin); p != nil {
+		ev.prev, ev.hasPrev = *p, true
 	}
+	if l := k.live().lease; l != 0 {
+		s.detach(l, key)
+	}
+	k.tombstone(w.begin+1, int64(len(w.evs)))
 	w.ops = append(w.ops, Op{Kind: OpDelete, Key: k.key})
-	w.evs = append(w.evs, logEv{key: k.key, prev: k.at(w.begin)})
+	s.markDirty(k)
+	w.evs = append(w.evs, ev)
 }
 
 // deleteRange deletes the keys of [key, end) that exist now (etcd's
@@ -253,17 +277,25 @@ func (w *writer) deleteRange(key []byte, end []byte, single bool) int64 {
 	return int64(len(keys))
 }
 
+func (s *State) markDirty(k *keyRec) {
+	if !k.dirty {
+		k.dirty = true
+		s.dirty = append(s.dirty, k)
+	}
+}
+
 // commit makes the change: stamps it, hashes it, numbers it and records
 // its events.
 func (w *writer) commit(now time.Time) *Applied {
 	s := w.s
 	c := &Change{Parents: s.heads, Replica: s.id, Stamp: s.clock.Next(now.UnixNano()), Ops: w.ops}
-	return s.record(c, c.Encode(), w.evs)
+	return s.record(c, c.Encode(), w)
 }
 
 // record books an applied change: index, revision when it touched keys,
 // heads, clock, the conflict-rule winners and the event log.
-func (s *State) record(c *Change, enc []byte, evs []logEv) *Applied {
+func (s *State) record(c *Change, enc []byte, w *writer) *Applied {
+	evs := w.evs
 	id := hashOf(enc)
 	s.index++
 	s.idxHash = append(s.idxHash, id)
@@ -275,12 +307,14 @@ func (s *State) record(c *Change, enc []byte, evs []logEv) *Applied {
 		s.log = append(s.log, revLog{evs: evs})
 		a.Events = eventsOf(evs, s.rev)
 		for _, e := range evs {
-			k := s.keys[string(e.key)]
-			k.win, k.winRepl = c.Stamp, c.Replica
+			e.rec.win, e.rec.winRepl = c.Stamp, c.Replica
 		}
 	}
+	for _, k := range w.tombs {
+		k.win, k.winRepl = c.Stamp, c.Replica
+	}
 	s.known[id] = changeAt{index: s.index, rev: a.Rev}
-	s.heads = []Hash{id}
+	s.advanceHeads(c.Parents, id)
 	if c.Stamp.Compare(s.clock) > 0 {
 		s.clock = c.Stamp
 	}
@@ -299,22 +333,20 @@ func eventsOf(evs []logEv, rev int64) []*mvccpb.Event {
 // the byte slices are shared and must not be).
 func eventOf(e logEv, rev int64) *mvccpb.Event {
 	ev := &mvccpb.Event{}
-	if e.kv != nil {
+	if !e.del {
 		ev.Type = mvccpb.Event_PUT
-		ev.Kv = cloneKV(e.kv)
+		ev.Kv = e.cur.kv(e.key)
 	} else {
 		ev.Type = mvccpb.Event_DELETE
 		ev.Kv = &mvccpb.KeyValue{Key: e.key, ModRevision: rev}
 	}
-	if e.prev != nil {
-		ev.PrevKv = cloneKV(e.prev)
+	// etcd's watch reads the previous value at rev-1 except for a create
+	// (a put of version 1): a key deleted and put again in one change
+	// (a Txn) has a value at rev-1 that its create event does not carry.
+	if e.hasPrev && !(!e.del && e.cur.ver == 1) {
+		ev.PrevKv = e.prev.kv(e.key)
 	}
 	return ev
-}
-
-func cloneKV(kv *mvccpb.KeyValue) *mvccpb.KeyValue {
-	return &mvccpb.KeyValue{Key: kv.Key, CreateRevision: kv.CreateRevision, ModRevision: kv.ModRevision,
-		Version: kv.Version, Value: kv.Value, Lease: kv.Lease}
 }
 
 // Compact drops the history before rev: reads and watches from revisions
@@ -328,17 +360,27 @@ func (s *State) Compact(rev int64) error {
 		return rpctypes.ErrGRPCFutureRev
 	}
 	s.compactRev = rev
-	var empty [][]byte
-	for _, k := range s.keys {
+	// Only keys written since the last compaction, or left with more than
+	// one version by it, can lose versions: a key with one version that was
+	// not written since is as compact as it gets. So compaction costs the
+	// writes since the last one, not the size of the key space.
+	next := s.dirty[:0]
+	for _, k := range s.dirty {
 		k.compact(rev)
-		if k.isEmpty() {
-			empty = append(empty, k.key)
+		switch {
+		case k.isEmpty():
+			k.dirty = false
+			delete(s.keys, string(k.key))
+			s.order.remove(k.key)
+		case len(k.gens) > 1 || len(k.gens[0].revs) > 1:
+			next = append(next, k)
+		default:
+			k.dirty = false
 		}
 	}
-	for _, key := range empty {
-		delete(s.keys, string(key))
-		s.order.remove(key)
-	}
+	clear(s.dirty[len(next):])
+	s.dirty = next
+	s.forgetBefore(rev)
 	// Watches may start at rev itself (etcd refuses only start < compact).
 	if drop := rev - s.logBase; drop > 0 {
 		n := int64(len(s.log))
@@ -349,6 +391,24 @@ func (s *State) Compact(rev int64) error {
 		s.logBase += drop
 	}
 	return nil
+}
+
+// forgetBefore drops the bookkeeping of the changes before the one that
+// made revision rev: its revision stays readable, so its change stays
+// known. RevisionOf and HashOf* answer false for what was dropped.
+func (s *State) forgetBefore(rev int64) {
+	h, ok := s.HashOfRevision(rev)
+	if !ok {
+		return // rev 1 (the empty store): nothing before it
+	}
+	keepIdx := s.known[h].index
+	for _, old := range s.idxHash[:keepIdx-s.idxBase] {
+		delete(s.known, old)
+	}
+	s.idxHash = append([]Hash(nil), s.idxHash[keepIdx-s.idxBase:]...)
+	s.idxBase = keepIdx
+	s.revHash = append([]Hash(nil), s.revHash[rev-s.revBase:]...)
+	s.revBase = rev
 }
 
 // Events returns the history of [key, end) from revision from to the
@@ -377,7 +437,13 @@ func (s *State) Events(from int64, key, end []byte) ([]*mvccpb.Event, error) {
 			} else if bytes.Compare(e.key, key) < 0 || (!all && bytes.Compare(e.key, end) >= 0) {
 				continue
 			}
-			out = append(out, eventOf(e, r))
+			ev := eventOf(e, r)
+			if r-1 < s.compactRev {
+				// etcd reads the previous value at r-1, which compaction
+				// has made unreadable: it sends no prev_kv then.
+				ev.PrevKv = nil
+			}
+			out = append(out, ev)
 		}
 	}
 	return out, nil
@@ -401,14 +467,14 @@ func (s *State) HashKV(rev int64) (hash uint32, hashRev int64, err error) {
 	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
 	var lb [20]byte
 	s.order.ascend(nil, nil, func(k *keyRec) bool {
-		kv := k.at(rev)
-		if kv == nil {
+		v := k.at(rev)
+		if v == nil {
 			return true
 		}
-		h.Write(appendLen(lb[:0], len(kv.Key)))
-		h.Write(kv.Key)
-		h.Write(appendLen(lb[:0], len(kv.Value)))
-		h.Write(kv.Value)
+		h.Write(appendLen(lb[:0], len(k.key)))
+		h.Write(k.key)
+		h.Write(appendLen(lb[:0], len(v.value)))
+		h.Write(v.value)
 		return true
 	})
 	return h.Sum32(), rev, nil
@@ -438,6 +504,21 @@ func (s *State) Replay(encoded []byte, index uint64, rev int64) error {
 	if _, ok := s.known[hashOf(encoded)]; ok {
 		return fmt.Errorf("core: replay index %d: change already applied", index)
 	}
+	if c.Replica != s.id {
+		// A change merged from a peer: the conflict rule decided which of
+		// its ops took effect, and deciding again in the same order gives
+		// the same answer.
+		if err := s.checkParents(c); err != nil {
+			return fmt.Errorf("core: replay index %d: %w", index, err)
+		}
+		if want := s.mergeRev(c); want != rev {
+			return fmt.Errorf("core: replay index %d: revision %d, the merge gives %d", index, rev, want)
+		}
+		w := s.newWriter()
+		s.mergeOps(w, c)
+		s.record(c, encoded, w)
+		return nil
+	}
 	if err := s.checkOps(c); err != nil {
 		return fmt.Errorf("core: replay index %d: %w", index, err)
 	}
@@ -455,7 +536,7 @@ func (s *State) Replay(encoded []byte, index uint64, rev int64) error {
 	}
 	w := s.newWriter()
 	s.applyOps(w, c, time.Unix(0, c.Stamp.Wall))
-	s.record(c, encoded, w.evs)
+	s.record(c, encoded, w)
 	return nil
 }
 

@@ -9,7 +9,12 @@
 //   - rev -> index for the changes that got a revision, so a revision can be
 //     found without replaying;
 //   - metadata: the compacted revision and the caller's keys (member id,
-//     cluster id, ...).
+//     cluster id, ...);
+//   - optionally a checkpoint: a snapshot of the caller's state as of an
+//     index, with the records up to it deleted in the same transaction.
+//     It is what bounds the log: recovery is Snapshot, then Load of the
+//     records after it. (The core has no snapshot encoding yet, so the
+//     server does not checkpoint today and the log keeps every change.)
 //
 // Append writes a batch of records in one bbolt read-write transaction, and
 // bbolt fsyncs on every commit. That is the group commit primitive: the
@@ -57,8 +62,10 @@ var (
 	bucketRevs    = []byte("revs")    // rev -> index
 	bucketMeta    = []byte("meta")    // metaCompacted, and "user/"+key
 
-	metaCompacted = []byte("compacted")
-	userPrefix    = "user/"
+	metaCompacted     = []byte("compacted")
+	metaSnapshot      = []byte("snapshot")       // the state as of metaSnapshotIndex
+	metaSnapshotIndex = []byte("snapshot-index") // the last index the snapshot covers
+	userPrefix        = "user/"
 )
 
 // recordVersion prefixes every stored record value so that a later format
@@ -147,9 +154,14 @@ func (l *Log) Append(recs []Record) error {
 		// Keys only grow, so full pages pack the file instead of leaving
 		// every page half empty for inserts that never come.
 		changes.FillPercent, revs.FillPercent = 1, 1
+		// The last index is the last record's, or the checkpoint's when
+		// the checkpoint took every record.
 		var last uint64
+		if v := tx.Bucket(bucketMeta).Get(metaSnapshotIndex); v != nil {
+			last = binary.BigEndian.Uint64(v)
+		}
 		if k, _ := changes.Cursor().Last(); k != nil {
-			last = binary.BigEndian.Uint64(k)
+			last = max(last, binary.BigEndian.Uint64(k))
 		}
 		for i := range recs {
 			r := &recs[i]
@@ -236,6 +248,72 @@ func (l *Log) Load(fn func(Record) error) (compacted int64, err error) {
 	return compacted, nil
 }
 
+// Checkpoint bounds the log: in one transaction it stores snapshot, the
+// caller's encoding of its state as of index, and deletes every record up
+// to index (and their revision entries). A crash leaves either the old log
+// or the snapshot and the records after it, never both or neither, so
+// recovery (Snapshot, then Load of what follows) replays each change once.
+// index must not go back, and must not pass the last record.
+func (l *Log) Checkpoint(index uint64, snapshot []byte) error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.db == nil {
+		return ErrClosed
+	}
+	err := l.db.Update(func(tx *bolt.Tx) error {
+		meta, changes, revs := tx.Bucket(bucketMeta), tx.Bucket(bucketChanges), tx.Bucket(bucketRevs)
+		if v := meta.Get(metaSnapshotIndex); v != nil && index < binary.BigEndian.Uint64(v) {
+			return fmt.Errorf("index %d is before the last checkpoint at %d", index, binary.BigEndian.Uint64(v))
+		}
+		if k, _ := changes.Cursor().Last(); k == nil || binary.BigEndian.Uint64(k) < index {
+			return fmt.Errorf("index %d is past the last stored record", index)
+		}
+		c := changes.Cursor()
+		for k, v := c.First(); k != nil && binary.BigEndian.Uint64(k) <= index; k, v = c.First() {
+			if len(v) >= recordHeader {
+				if rev := binary.BigEndian.Uint64(v[1:9]); rev != 0 {
+					if err := revs.Delete(u64(rev)); err != nil {
+						return fmt.Errorf("delete revision %d: %w", rev, err)
+					}
+				}
+			}
+			if err := c.Delete(); err != nil {
+				return fmt.Errorf("delete record %d: %w", binary.BigEndian.Uint64(k), err)
+			}
+		}
+		if err := meta.Put(metaSnapshot, snapshot); err != nil {
+			return err
+		}
+		return meta.Put(metaSnapshotIndex, u64(index))
+	})
+	if err != nil {
+		return fmt.Errorf("storage: checkpoint at %d: %w", index, err)
+	}
+	return nil
+}
+
+// Snapshot returns the last Checkpoint's index and snapshot; 0, nil when
+// there was none. Load then yields the records after index.
+func (l *Log) Snapshot() (index uint64, snapshot []byte, err error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.db == nil {
+		return 0, nil, ErrClosed
+	}
+	err = l.db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if v := meta.Get(metaSnapshotIndex); v != nil {
+			index = binary.BigEndian.Uint64(v)
+			snapshot = bytes.Clone(meta.Get(metaSnapshot))
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, nil, fmt.Errorf("storage: snapshot: %w", err)
+	}
+	return index, snapshot, nil
+}
+
 // IndexOfRevision returns the index of the record that got rev.
 func (l *Log) IndexOfRevision(rev int64) (uint64, bool, error) {
 	l.mu.RLock()
@@ -306,6 +384,22 @@ func (l *Log) Size() int64 {
 	var n int64
 	_ = l.db.View(func(tx *bolt.Tx) error {
 		n = tx.Size()
+		return nil
+	})
+	return n
+}
+
+// SizeInUse is Size less the free pages (Status' db_size_in_use), as
+// etcd's backend computes it; Defragment gives the difference back.
+func (l *Log) SizeInUse() int64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.db == nil {
+		return 0
+	}
+	var n int64
+	_ = l.db.View(func(tx *bolt.Tx) error {
+		n = tx.Size() - int64(l.db.Stats().FreePageN)*int64(l.db.Info().PageSize)
 		return nil
 	})
 	return n

@@ -11,8 +11,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -218,13 +220,20 @@ func TestManyRecordsAndDefragment(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	before := l.Size()
+	before, inUse := l.Size(), l.SizeInUse()
+	if inUse <= 0 || inUse >= before {
+		t.Errorf("SizeInUse %d with Size %d: the freed meta pages are not counted out", inUse, before)
+	}
 	if err := l.Defragment(); err != nil {
 		t.Fatal(err)
 	}
 	after := l.Size()
 	if after >= before {
 		t.Errorf("Defragment: size %d -> %d, want smaller", before, after)
+	}
+	// Only the few pages the commits since have replaced are free.
+	if got := l.SizeInUse(); after-got > 16*int64(os.Getpagesize()) {
+		t.Errorf("after Defragment SizeInUse = %d, Size = %d: want next to no free pages", got, after)
 	}
 	if err := l.Append([]Record{testRecord(n + 1)}); err != nil {
 		t.Fatalf("Append after Defragment: %v", err)
@@ -527,5 +536,178 @@ func TestTornCommitFallsBackToThePreviousOne(t *testing.T) {
 	// And the log goes on from there.
 	if err := l.Append([]Record{testRecord(uint64(len(got) + 1))}); err != nil {
 		t.Fatalf("append after recovery: %v", err)
+	}
+}
+
+// The server appends from its committer while Status reads sizes and
+// Defragment may run: all of it concurrently (run with -race).
+func TestConcurrentUse(t *testing.T) {
+	l, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const n = 2000
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	wg.Add(1)
+	go func() { // the committer
+		defer wg.Done()
+		for i := uint64(1); i <= n; i += 10 {
+			batch := make([]Record, 0, 10)
+			for j := i; j < i+10; j++ {
+				batch = append(batch, testRecord(j))
+			}
+			if err := l.Append(batch); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() { // Status and the extension API
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// Each is its own snapshot (an append or a defragment may
+				// come between), so only their sanity is checked.
+				if l.Size() <= 0 || l.SizeInUse() <= 0 {
+					errs <- fmt.Errorf("size %d, in use %d", l.Size(), l.SizeInUse())
+					return
+				}
+				if _, _, err := l.IndexOfRevision(5); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // Maintenance.Defragment
+		defer wg.Done()
+		for i := 0; i < 3; i++ {
+			if err := l.Defragment(); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	// Wait for the committer and the defragments, then stop the readers.
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			count := 0
+			if _, err := l.Load(func(Record) error { count++; return nil }); err != nil {
+				errs <- err
+				return
+			}
+			if count == n {
+				close(done)
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case err := <-errs:
+		close(stop)
+		wg.Wait()
+		t.Fatal(err)
+	case <-time.After(60 * time.Second):
+		close(stop)
+		wg.Wait()
+		t.Fatal("appends did not finish")
+	}
+	close(stop)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	got, _ := loadAll(t, l)
+	for i, r := range got {
+		if !equalRecord(r, testRecord(uint64(i+1))) {
+			t.Fatalf("record %d differs", i+1)
+		}
+	}
+}
+
+func TestCheckpointBoundsTheLog(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []Record
+	for i := uint64(1); i <= 20; i++ {
+		recs = append(recs, testRecord(i))
+	}
+	if err := l.Append(recs); err != nil {
+		t.Fatal(err)
+	}
+	if idx, snap, err := l.Snapshot(); err != nil || idx != 0 || snap != nil {
+		t.Fatalf("Snapshot before any checkpoint = %d, %q, %v", idx, snap, err)
+	}
+	if err := l.Checkpoint(21, []byte("x")); err == nil {
+		t.Error("a checkpoint past the last record was accepted")
+	}
+	if err := l.Checkpoint(12, []byte("state@12")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Checkpoint(11, []byte("older")); err == nil {
+		t.Error("a checkpoint going back was accepted")
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	l, err = Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	idx, snap, err := l.Snapshot()
+	if err != nil || idx != 12 || string(snap) != "state@12" {
+		t.Fatalf("Snapshot = %d, %q, %v; want 12, state@12", idx, snap, err)
+	}
+	got, _ := loadAll(t, l)
+	if len(got) != 8 || got[0].Index != 13 {
+		t.Fatalf("after the checkpoint Load gives %d records from %d, want 8 from 13", len(got), got[0].Index)
+	}
+	for _, r := range got {
+		if !equalRecord(r, testRecord(r.Index)) {
+			t.Fatalf("record %d differs", r.Index)
+		}
+	}
+	// Revisions of checkpointed records are gone; later ones stay.
+	if _, ok, _ := l.IndexOfRevision(testRecord(3).Rev); ok {
+		t.Error("revision of a checkpointed record still indexed")
+	}
+	if i, ok, _ := l.IndexOfRevision(testRecord(14).Rev); !ok || i != 14 {
+		t.Errorf("IndexOfRevision of record 14 = %d, %v", i, ok)
+	}
+	// A checkpoint of everything still keeps the index moving forward.
+	if err := l.Checkpoint(20, []byte("state@20")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Append([]Record{testRecord(20)}); err == nil {
+		t.Error("Append of an index the checkpoint covers was accepted")
+	}
+	if err := l.Append([]Record{testRecord(21)}); err != nil {
+		t.Fatal(err)
 	}
 }
