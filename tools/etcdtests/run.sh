@@ -10,7 +10,8 @@
 #
 # Binaries and the compiled test are kept in $ETCDTESTS_CACHE (default
 # ~/.cache/aether-etcdtests); go's build cache makes a rebuild of unchanged
-# source a link. Extra arguments go to the test binary (e.g. -test.v).
+# source a link. Extra arguments go to the test binary; $ETCDTESTS_RUN, a
+# regexp, runs only the "run" tests whose names match it.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -61,6 +62,9 @@ start=$(date +%s)
 failed=()
 while read -r status test subs _; do
   [ "$status" = run ] || continue
+  if [ -n "${ETCDTESTS_RUN:-}" ] && ! [[ "$test" =~ $ETCDTESTS_RUN ]]; then
+    continue
+  fi
   pattern="^$test\$"
   [ "$subs" = - ] || pattern="$pattern/^($subs)\$"
   t0=$(date +%s)
@@ -86,6 +90,7 @@ echo "tests/common against $target: ${#failed[@]} failed in $(($(date +%s) - sta
 for test in "${failed[@]}"; do
   # The failures' own text, for the CI log.
   echo "=== $test ($logdir/$test.log)"
-  grep -E -A30 '^\s*--- FAIL|Error Trace|panic:' "$logdir/$test.log" | grep -v '^\s*logger.go' | head -80
+  grep -v '^\s*logger.go' "$logdir/$test.log" |
+    grep -E -A10 '^\s*--- FAIL|Error Trace|Test failed|panic:' | head -60
 done
 [ ${#failed[@]} -eq 0 ]
