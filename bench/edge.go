@@ -69,8 +69,8 @@ type EdgeResult struct {
 	Runs        []EdgeRun `json:"runs"`
 	// LoadAvgBefore and LoadAvgAfter are the machine's 1-minute load
 	// average before the load phase and after the last step.
-	LoadAvgBefore string `json:"loadavg_before"`
-	LoadAvgAfter  string `json:"loadavg_after"`
+	LoadAvgBefore float64 `json:"loadavg_before"`
+	LoadAvgAfter  float64 `json:"loadavg_after"`
 }
 
 func runEdge(ctx context.Context, o Options, r *Report, w io.Writer) error {
@@ -164,16 +164,6 @@ func Edge(ctx context.Context, cfg EdgeConfig, w io.Writer) (EdgeResult, error) 
 	}
 	res.LoadAvgAfter = loadAvg()
 	return res, nil
-}
-
-// loadAvg is the 1-minute load average, or "" where /proc has none: the
-// figures mean little when the machine's cores were busy with other work.
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	return strings.Fields(string(b))[0]
 }
 
 func (r EdgeRun) String() string {
@@ -352,8 +342,8 @@ func (r Report) edgeMarkdown(b *strings.Builder) {
 	fmt.Fprintf(b, "### Edge store: YCSB workload A against etcd and aether edge (last run %s)\n\n", r.Date)
 	fmt.Fprintf(b, "- Machine: %s\n- Command: `%s`\n- Load generator: go-ycsb v1.0.3 (github.com/pingcap/go-ycsb), its etcd driver (clientv3, one client per go-ycsb process), built by the harness from `tools/ycsb`\n- etcd: %s, etcd's own main built from `tools/etcd`; aether edge: this binary\n\n", r.Machine, r.Command, e.EtcdVersion)
 	fmt.Fprintf(b, "Workload A: 50%% reads, 50%% updates, uniform over %d records loaded first; %d-byte keys, %d-byte values (go-ycsb's etcd driver stores a record as the JSON of its fields; one 15-byte field is the nearest it comes to 32 bytes). Each server is a fresh single member, started with etcd's flags, data in the system temporary directory (one disk, not tmpfs); both run throughout, and each step runs on etcd and then on aether edge, one go-ycsb process each with the target rate and threads shown. Latencies are go-ycsb's, per operation, including the client.\n\n", e.Records, e.KeyBytes, e.ValueBytes)
-	if e.LoadAvgBefore != "" {
-		fmt.Fprintf(b, "The machine's 1-minute load average was %s before the load phase and %s after the last step (%d cores): figures taken beside other work are comparisons between the two servers, not capacities.\n\n", e.LoadAvgBefore, e.LoadAvgAfter, runtime.NumCPU())
+	if e.LoadAvgBefore > 0 {
+		fmt.Fprintf(b, "The machine's 1-minute load average was %.2f before the load phase and %.2f after the last step (%d cores): figures taken beside other work are comparisons between the two servers, not capacities.\n\n", e.LoadAvgBefore, e.LoadAvgAfter, runtime.NumCPU())
 	}
 	b.WriteString("| server | target | threads | operations | achieved | read p50 | read p99 | update p50 | update p99 | errors |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range e.Runs {

@@ -80,6 +80,7 @@ func (c *committer) add(ap *core.Applied) *batch {
 	b.recs = append(b.recs, storage.Record{Index: ap.Index, Rev: ap.Rev, ID: ap.ID, Change: ap.Encoded})
 	b.applied = append(b.applied, ap)
 	c.mu.Unlock()
+	c.s.quotaUsed.Add(eventsCost(ap.Events))
 	select {
 	case c.kick <- struct{}{}:
 	default:

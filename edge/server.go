@@ -94,6 +94,9 @@ type Config struct {
 	// etcd's default (10 minutes); values under 100ms are raised to 100ms
 	// as etcd does.
 	WatchProgressNotifyInterval time.Duration
+	// QuotaBackendBytes is etcd's --quota-backend-bytes: 0 means etcd's
+	// default (2 GiB), negative no quota. See quota.go for what it bounds.
+	QuotaBackendBytes int64
 }
 
 // Server is one running edge replica.
@@ -117,6 +120,12 @@ type Server struct {
 	// mu is the state lock: every use of st holds it (reads: RLock).
 	mu sync.RWMutex
 	st *core.State
+
+	// quota (bytes, <0: none), the retained history it bounds, and the
+	// alarms (quota.go).
+	quota     int64
+	quotaUsed atomic.Int64
+	alarms    alarmSet
 
 	// compactionHashes: see maintenance.go (HashKV).
 	hashMu           sync.Mutex
@@ -168,6 +177,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		maxRequestBytes:  cfg.MaxRequestBytes,
 		maxTxnOps:        cfg.MaxTxnOps,
 		progressInterval: cfg.WatchProgressNotifyInterval,
+		quota:            quotaLimit(cfg.QuotaBackendBytes),
 		leaseKick:        make(chan struct{}, 1),
 		closing:          make(chan struct{}),
 	}
@@ -236,6 +246,9 @@ func (s *Server) recover(ctx context.Context) error {
 		return err
 	}
 	s.memberID, s.clusterID = ids[0], ids[1]
+	if err := s.loadAlarms(); err != nil {
+		return err
+	}
 	s.st = core.New(core.ReplicaID(s.memberID))
 	s.st.SetMaxTxnOps(s.maxTxnOps)
 	// Storage can hold a checkpoint (a state snapshot bounding the log),
@@ -279,6 +292,7 @@ func (s *Server) recover(ctx context.Context) error {
 	// etcd's behaviour after a restart: every lease gets its full TTL again,
 	// since the time the server was down must not expire them.
 	s.st.PromoteLeases(s.now())
+	s.recountQuota()
 	s.log.Info("recovered", "changes", n, "revision", s.st.Rev(), "index", s.st.Index(), "compacted", compacted)
 	return nil
 }

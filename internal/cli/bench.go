@@ -58,17 +58,18 @@ groups (comma-separated or repeated; default all):
                sending RPCs in a tight loop, 200 new backends (real gRPC
                servers) each timed from RegisterEndpoint's return to the
                first RPC it answers (p50/p99/max), under 100 changes/s on
-               other services. Then fan-out: 1000 raw ADS streams (EDS
-               of 20 of 200 services each) against one registrar process,
-               100 registrations/s for 10s, delivery p50/p99 and registrar
-               CPU and peak RSS, beside 1000 WatchEndpoints streams on the
-               same services. With --quick: 20 backends, no churn; 100
-               streams for 3s.
+               other services. Then fan-out, at 1k, 5k and 10k streams
+               each on 20 of 3k services, 100 registrations/s for 10s,
+               against one registrar process: raw ADS streams (EDS, state
+               of the world, then delta) beside WatchEndpoints streams,
+               each in a fresh world; delivery p50/p99, registrar CPU and
+               peak RSS. With --quick: 20 backends, no churn; 50 streams
+               for 2s.
   edge         YCSB workload A (50/50 read/update, uniform, 18-byte keys)
                with go-ycsb v1.0.3's etcd driver (built from tools/ycsb;
                $AETHER_YCSB names a prebuilt one) against a real etcd
-               (tools/etcd) and against "aether edge" (this binary), one
-               after the other in the same run, single members with data
+               (tools/etcd) and against "aether edge" (this binary) in
+               the same run, steps alternating, single members with data
                on the same disk: throughput and read/update p50/p99 at
                1k/s, 10k/s and unbounded (64 threads), 50k records
                (about 3 minutes).
