@@ -7,7 +7,9 @@
 // ranges, Txn with every compare target and result on present and missing
 // keys and nested txns, compactions (and the compacted and future-revision
 // errors), leases (grant, revoke, keepalive, time-to-live, list), HashKV,
-// and watches opened at past revisions.
+// watches opened at past revisions, and bad input (empty keys, too many
+// txn ops, oversized requests, enum values the protos do not name; etcd
+// refuses the first three and accepts some of the last).
 //
 // Normalisation (what is allowed to differ, and why):
 //
@@ -95,7 +97,8 @@ func indent(s string) string {
 	return "  " + strings.ReplaceAll(s, "\n", "\n  ")
 }
 
-// Stats counts what a run sent, by kind.
+// Stats counts what a run sent, by kind, and ("<kind> (refused)") how many
+// of each A answered with an error.
 type Stats map[string]int
 
 // Run sends cfg.Ops requests to both sides and returns the first *Mismatch,
@@ -129,6 +132,9 @@ func Run(ctx context.Context, cfg Config) (Stats, error) {
 		if !ra.equal(rb) {
 			return stats, &Mismatch{Seed: cfg.Seed, Step: step, Kind: o.kind, Request: o.String(), A: ra.String(), B: rb.String()}
 		}
+		if ra.err != "" {
+			stats[o.kind+" (refused)"]++
+		}
 		g.observe(o, ra)
 	}
 	return stats, nil
@@ -140,7 +146,13 @@ type op struct {
 	req  proto.Message // the request, as sent (for keepalive: LeaseKeepAliveRequest)
 }
 
-func (o op) String() string { return prototext.Format(o.req) }
+func (o op) String() string {
+	s := prototext.Format(o.req)
+	if len(s) > 4000 { // the oversized put
+		s = fmt.Sprintf("%s... (%d characters in all)", s[:2000], len(s))
+	}
+	return s
+}
 
 // result is a side's normalised answer to one op: its messages, or the
 // gRPC status of its error.
@@ -634,7 +646,9 @@ func (g *generator) next() op {
 		return op{"lease-leases", &pb.LeaseLeasesRequest{}}
 	case x < 91:
 		return op{"lease-keepalive", &pb.LeaseKeepAliveRequest{ID: g.someLease()}}
-	case x < 93:
+	case x < 92:
+		return g.badReq()
+	case x < 94:
 		r := &pb.HashKVRequest{}
 		if g.chance(50) {
 			r.Revision = g.pastRev()
@@ -656,6 +670,44 @@ func (g *generator) next() op {
 			r.Filters = append(r.Filters, pb.WatchCreateRequest_NODELETE)
 		}
 		return op{"watch", r}
+	}
+}
+
+// badReq is bad input: an empty key, an enum value the protos do not name,
+// too many txn ops, a request over the size limit. Both must answer as etcd
+// does: the same error code and message where etcd refuses it (all but
+// some unknown enum values), the same response where it does not.
+func (g *generator) badReq() op {
+	switch g.rnd.IntN(8) {
+	case 0:
+		return op{"bad", &pb.PutRequest{Value: []byte("v")}}
+	case 1:
+		return op{"bad", &pb.RangeRequest{}}
+	case 2:
+		return op{"bad", &pb.DeleteRangeRequest{}}
+	case 3:
+		r := &pb.RangeRequest{Key: g.key(), RangeEnd: []byte{0}}
+		if g.chance(50) {
+			r.SortOrder = pb.RangeRequest_SortOrder(3 + g.rnd.IntN(5))
+		} else {
+			r.SortOrder, r.SortTarget = pb.RangeRequest_ASCEND, pb.RangeRequest_SortTarget(5+g.rnd.IntN(5))
+		}
+		return op{"bad", r}
+	case 4:
+		// etcd's --max-txn-ops default is 128.
+		r := &pb.TxnRequest{}
+		for i := range 129 {
+			r.Success = append(r.Success, &pb.RequestOp{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(keys[i%len(keys)])}}})
+		}
+		return op{"bad", r}
+	case 5:
+		// Over etcd's --max-request-bytes default (1.5 MiB), under the
+		// gRPC limit it derives from it (that plus 512 KiB).
+		return op{"bad", &pb.PutRequest{Key: g.key(), Value: make([]byte, 1600<<10)}}
+	case 6:
+		return op{"bad", &pb.TxnRequest{Compare: []*pb.Compare{{Key: g.key(), Target: pb.Compare_CompareTarget(5 + g.rnd.IntN(3)), Result: pb.Compare_EQUAL}}}}
+	default:
+		return op{"bad", &pb.TxnRequest{Compare: []*pb.Compare{{Key: g.key(), Target: pb.Compare_VERSION, Result: pb.Compare_CompareResult(4 + g.rnd.IntN(3)), TargetUnion: &pb.Compare_Version{Version: 1}}}}}
 	}
 }
 

@@ -52,7 +52,7 @@ func TestEtcdVsEtcd(t *testing.T) {
 	t.Logf("requests by kind: %v", stats)
 	// The sequence must exercise what it claims to (a generator bug that
 	// stopped producing watches would otherwise pass silently).
-	for _, k := range []string{"put", "range", "delete", "txn", "compact", "lease-grant", "lease-revoke", "lease-ttl", "lease-keepalive", "lease-leases", "hashkv", "watch"} {
+	for _, k := range []string{"put", "range", "delete", "txn", "compact", "lease-grant", "lease-revoke", "lease-ttl", "lease-keepalive", "lease-leases", "hashkv", "watch", "bad", "bad (refused)", "compact (refused)"} {
 		if stats[k] == 0 && *flagOps >= 1000 {
 			t.Errorf("no %s request in %d", k, *flagOps)
 		}
