@@ -125,7 +125,10 @@ type XDSSummary struct {
 
 // EventsSummary is the replica's event stream as the console consumes it.
 type EventsSummary struct {
-	Total uint64 `json:"total"`
+	// Version is how far the console has followed the replica's event
+	// stream: equal to Replica.Version once it has caught up.
+	Version string `json:"version"`
+	Total   uint64 `json:"total"`
 	// PerSecond are the events of each of the last RateWindow seconds,
 	// oldest first, the current (incomplete) second last.
 	PerSecond []int `json:"per_second"`
@@ -246,6 +249,7 @@ func (c *Console) overview() Overview {
 		ov.XDS = xdsSummary(c.cfg.XDS())
 	}
 	ov.Events = c.rate.summary(now)
+	ov.Events.Version = c.hub.current()
 	return ov
 }
 
