@@ -26,10 +26,10 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/console"
 	"github.com/aethermesh/aether/internal/cli"
-	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/internal/testutil/meshtest"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/pki"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/server"
@@ -499,4 +499,3 @@ func TestConsoleReadOnly(t *testing.T) {
 		}
 	}
 }
-
