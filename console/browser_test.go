@@ -30,6 +30,7 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/meshtest"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
+	"github.com/aethermesh/aether/internal/testutil/xdstest"
 	"github.com/aethermesh/aether/pki"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/server"
@@ -498,4 +499,31 @@ func TestConsoleReadOnly(t *testing.T) {
 			t.Errorf("%s: %d, want 405", method, resp.StatusCode)
 		}
 	}
+}
+
+// TestConsoleXDSClients: with the xDS feed on, a real grpc-go xDS client
+// shows on the xDS page with its node and SYNCED on all four types, and
+// in the overview's summary.
+func TestConsoleXDSClients(t *testing.T) {
+	srv := plane(t, func(o *server.Config) { o.XDSAddr = "127.0.0.1:0" })
+	b := xdstest.StartBackends(t, 1)[0]
+	if _, _, err := srv.Registrar().Register(&registryv1.ServiceEndpoint{Service: "grpc-web", Protocol: registryv1.Protocol_PROTOCOL_GRPC,
+		Ip: b.Host(), Ports: []*registryv1.Port{{Name: "grpc", Port: b.Port()}}, Zone: "eu-west-1a"}); err != nil {
+		t.Fatal(err)
+	}
+	cc := xdstest.Client(t, "grpc-web", xdstest.Bootstrap(srv.XDSAddr(), "console-node", xdstest.Locality{Region: "eu-west", Zone: "eu-west-1a"}))
+	xdstest.WaitSpread(t, cc, xdstest.Only(b), 20*time.Second)
+
+	ctx := browser(t, time.Minute)
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+srv.HTTPAddr()+"/ui/#/xds")); err != nil {
+		t.Fatal(err)
+	}
+	row := `#xds-table tr[data-xds-node="console-node"]`
+	waitPage(t, ctx, "xDS client row", liveBound, count(row), "1")
+	for i, typ := range []string{"CDS", "EDS", "LDS", "RDS"} {
+		waitPage(t, ctx, typ+" state", liveBound,
+			fmt.Sprintf(`(document.querySelector('%s td:nth-child(%d)')||{}).className||""`, row, i+3), "SYNCED")
+	}
+	eval[bool](t, ctx, `(location.hash = "#/overview", true)`)
+	waitPage(t, ctx, "xDS summary", liveBound, text("#xds-summary"), "1 clients: 1 synced, 0 stale, 0 nacked")
 }
