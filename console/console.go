@@ -21,6 +21,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/registry"
 	"github.com/aethermesh/aether/xds"
 )
 
@@ -57,76 +58,135 @@ type Authz struct {
 	TrustDomain, OperatorPrefix string
 }
 
-// Console follows the replica's event stream for as long as it runs.
+// Console serves the page and keeps its two live feeds: the events per
+// second, sampled from the replica's version every second, and, while at
+// least one page is open, a subscription to the replica's event stream
+// whose deliveries tell the open pages to re-read what they show.
+//
+// The subscription is a watch stream like an agent's and counts as one
+// (registrar_connected_agents, registrar_event_broadcast_total), so it is
+// held only while a page is open: a registrar nobody looks at has none.
 type Console struct {
 	cfg  Config
 	rate *rate
 	hub  *hub
 
-	stop context.CancelFunc
-	done chan struct{} // closed when run has returned; SSE handlers end on it
-	wg   sync.WaitGroup
+	mu      sync.Mutex
+	viewers int                // open event streams (pages)
+	session context.CancelFunc // ends the current subscription; nil when none
+	wake    chan struct{}      // one slot: viewers went from 0 to 1
+
+	stop      context.CancelFunc
+	done      chan struct{} // closed by Close; SSE handlers end on it
+	closeOnce sync.Once
+	wg        sync.WaitGroup
 }
 
-// New starts a console: it subscribes to the replica once the replica's
-// snapshot is loaded, and keeps following it until Close.
+// New starts a console. It subscribes to the replica when the first page
+// opens (once the replica's snapshot is loaded) and samples its version
+// every second until Close.
 func New(cfg Config) *Console {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &Console{cfg: cfg, rate: newRate(), hub: newHub(), stop: cancel, done: make(chan struct{})}
-	c.wg.Add(1)
+	c := &Console{cfg: cfg, rate: newRate(), hub: newHub(), stop: cancel,
+		done: make(chan struct{}), wake: make(chan struct{}, 1)}
+	c.wg.Add(2)
 	go func() {
 		defer c.wg.Done()
-		defer close(c.done)
 		c.run(ctx)
+	}()
+	go func() {
+		defer c.wg.Done()
+		c.sample(ctx)
 	}()
 	return c
 }
 
-// Close stops following the replica and ends the open event streams.
+// Close stops the console's goroutines and ends the open event streams.
 func (c *Console) Close() {
-	c.stop()
-	c.wg.Wait()
+	c.closeOnce.Do(func() {
+		c.stop()
+		c.wg.Wait()
+		close(c.done)
+	})
+}
+
+// join and leave count the open pages; the first opens the subscription,
+// the last one out ends it.
+func (c *Console) join() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.viewers++
+	if c.viewers == 1 {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (c *Console) leave() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.viewers--
+	if c.viewers == 0 && c.session != nil {
+		c.session()
+		c.session = nil
+	}
 }
 
 // waitStep is how often the console looks again at a replica that is not
 // ready to be subscribed to (loading its snapshot).
 const waitStep = 100 * time.Millisecond
 
-// run subscribes to every service and counts the events, resuming after
-// a cut from the last version it saw (exactly the missed events when the
-// replica still has them, a snapshot otherwise), until ctx ends.
+// run holds a subscription to every service while pages are open,
+// resuming after a cut from the last version it saw (exactly the missed
+// events when the replica still has them, a snapshot otherwise), until
+// ctx ends.
 func (c *Console) run(ctx context.Context) {
 	r := c.cfg.Registrar
 	from := ""
 	tick := time.NewTicker(waitStep)
 	defer tick.Stop()
 	for ctx.Err() == nil {
+		c.mu.Lock()
+		if c.viewers == 0 {
+			c.mu.Unlock()
+			select {
+			case <-ctx.Done():
+				return
+			case <-c.wake:
+			}
+			continue
+		}
+		sctx, cancel := context.WithCancel(ctx)
+		c.session = cancel
+		c.mu.Unlock()
+
 		sub, err := r.Subscribe(nil, from)
 		if err != nil {
 			// Not ready (loading) or shutting down: look again shortly;
 			// a shutdown ends with Close.
 			select {
-			case <-ctx.Done():
-				return
+			case <-sctx.Done():
 			case <-tick.C:
 			}
+			cancel()
 			continue
 		}
-		from = c.follow(ctx, sub, from)
+		from = c.follow(sctx, sub)
 		sub.Close()
+		cancel()
 	}
 }
 
-// follow consumes one subscription until it is cut or ctx ends; it
-// returns the version to resume from.
-func (c *Console) follow(ctx context.Context, sub *registrar.Subscription, from string) string {
-	st := sub.TakeStart()
-	from = st.At.String()
-	c.count(st.Missed) // At is the version after them
-	c.hub.notify(from)
+// follow consumes one subscription until it is cut or ctx ends (the last
+// page closed, or Close); it returns the version to resume from.
+func (c *Console) follow(ctx context.Context, sub *registrar.Subscription) string {
+	from := sub.TakeStart().At.String()
+	c.hub.notify()
 	for {
 		evs, err := sub.Next(ctx)
 		if err != nil {
@@ -135,28 +195,42 @@ func (c *Console) follow(ctx context.Context, sub *registrar.Subscription, from 
 			}
 			return from
 		}
-		c.count(evs)
 		if len(evs) > 0 {
 			if v := evs[len(evs)-1].GetVersion(); v != "" {
 				from = v
 			}
 		}
-		c.hub.notify(from)
+		c.hub.notify()
 	}
 }
 
-// count adds the endpoint changes among evs to the rate; snapshots and
-// progress notices are not changes.
-func (c *Console) count(evs []*registrarv1.EndpointEvent) {
-	n := 0
-	for _, e := range evs {
-		switch e.GetType() {
-		case registrarv1.EndpointEvent_ENDPOINT_ADDED, registrarv1.EndpointEvent_ENDPOINT_REMOVED, registrarv1.EndpointEvent_ENDPOINT_UPDATED:
-			n++
+// sampleEvery is the resolution of the events-per-second chart.
+const sampleEvery = time.Second
+
+// sample counts the replica's events: its version's sequence grows by
+// one per endpoint event, so the growth between two readings is the
+// events between them. A new epoch (a restart of the replica) starts
+// over.
+func (c *Console) sample(ctx context.Context) {
+	r := c.cfg.Registrar
+	tick := time.NewTicker(sampleEvery)
+	defer tick.Stop()
+	var last registry.Position
+	for {
+		if r.Ready() {
+			p := r.Version()
+			if p.Epoch == last.Epoch && p.Seq > last.Seq {
+				c.rate.add(r.Now(), int(p.Seq-last.Seq), p.String())
+			} else {
+				c.rate.at(p.String())
+			}
+			last = p
 		}
-	}
-	if n > 0 {
-		c.rate.add(c.cfg.Registrar.Now(), n)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 	}
 }
 
@@ -165,19 +239,21 @@ const RateWindow = 300
 
 // rate counts events per second over the last RateWindow seconds.
 type rate struct {
-	mu     sync.Mutex
-	total  uint64
-	secs   [RateWindow]int64 // the unix second each bucket holds
-	counts [RateWindow]int
+	mu      sync.Mutex
+	version string // the replica's version at the last sample
+	total   uint64
+	secs    [RateWindow]int64 // the unix second each bucket holds
+	counts  [RateWindow]int
 }
 
 func newRate() *rate { return &rate{} }
 
-func (r *rate) add(now time.Time, n int) {
+func (r *rate) add(now time.Time, n int, version string) {
 	sec := now.Unix()
 	i := int(sec % RateWindow)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.version = version
 	if r.secs[i] != sec {
 		r.secs[i], r.counts[i] = sec, 0
 	}
@@ -185,12 +261,19 @@ func (r *rate) add(now time.Time, n int) {
 	r.total += uint64(n)
 }
 
+// at records a sample without events.
+func (r *rate) at(version string) {
+	r.mu.Lock()
+	r.version = version
+	r.mu.Unlock()
+}
+
 func (r *rate) summary(now time.Time) EventsSummary {
 	sec := now.Unix()
 	out := EventsSummary{PerSecond: make([]int, RateWindow)}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	out.Total = r.total
+	out.Total, out.Version = r.total, r.version
 	for k := 0; k < RateWindow; k++ {
 		s := sec - int64(RateWindow-1-k)
 		if i := int(((s % RateWindow) + RateWindow) % RateWindow); r.secs[i] == s {
@@ -206,16 +289,14 @@ func (r *rate) summary(now time.Time) EventsSummary {
 // re-reads the current state on a notice.
 type hub struct {
 	mu      sync.Mutex
-	version string
 	streams map[chan struct{}]struct{}
 }
 
 func newHub() *hub { return &hub{streams: map[chan struct{}]struct{}{}} }
 
-func (h *hub) notify(version string) {
+func (h *hub) notify() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.version = version
 	for ch := range h.streams {
 		select {
 		case ch <- struct{}{}:
@@ -236,10 +317,4 @@ func (h *hub) remove(ch chan struct{}) {
 	h.mu.Lock()
 	delete(h.streams, ch)
 	h.mu.Unlock()
-}
-
-func (h *hub) current() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.version
 }

@@ -142,10 +142,11 @@ func writeJSON(w http.ResponseWriter, v any) {
 // rateEvery is how often an event stream sends the events per second.
 const rateEvery = time.Second
 
-// events is the page's live feed (server-sent events): "change" with the
-// replica's version whenever its event stream delivered something (the
-// page then re-reads what it shows), and "rate" every second with the
-// events per second of the last RateWindow seconds.
+// events is the page's live feed (server-sent events): "change" whenever
+// the replica's event stream delivered something (the page then re-reads
+// what it shows), and "rate" every second with the events per second of
+// the last RateWindow seconds. While any is open the console holds its
+// subscription to the replica (see Console).
 func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 	fl, ok := w.(http.Flusher)
 	if !ok {
@@ -157,6 +158,8 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cache-Control", "no-store")
 	ch := c.hub.add()
 	defer c.hub.remove(ch)
+	c.join()
+	defer c.leave()
 	tick := time.NewTicker(rateEvery)
 	defer tick.Stop()
 	send := func(event string, v any) bool {
@@ -169,7 +172,7 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 	}
 	// The browser reconnects by itself after 1s when the stream drops.
 	fmt.Fprint(w, "retry: 1000\n\n")
-	if !send("change", map[string]string{"version": c.hub.current()}) ||
+	if !send("change", struct{}{}) ||
 		!send("rate", c.rate.summary(c.cfg.Registrar.Now())) {
 		return
 	}
@@ -180,7 +183,7 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 		case <-c.done:
 			return
 		case <-ch:
-			if !send("change", map[string]string{"version": c.hub.current()}) {
+			if !send("change", struct{}{}) {
 				return
 			}
 		case <-tick.C:

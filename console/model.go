@@ -125,8 +125,9 @@ type XDSSummary struct {
 
 // EventsSummary is the replica's event stream as the console consumes it.
 type EventsSummary struct {
-	// Version is how far the console has followed the replica's event
-	// stream: equal to Replica.Version once it has caught up.
+	// Version is the replica's version at the console's last sample
+	// (every second): equal to Replica.Version once every event so far
+	// is counted.
 	Version string `json:"version"`
 	Total   uint64 `json:"total"`
 	// PerSecond are the events of each of the last RateWindow seconds,
@@ -249,7 +250,6 @@ func (c *Console) overview() Overview {
 		ov.XDS = xdsSummary(c.cfg.XDS())
 	}
 	ov.Events = c.rate.summary(now)
-	ov.Events.Version = c.hub.current()
 	return ov
 }
 
