@@ -142,6 +142,9 @@ func writeJSON(w http.ResponseWriter, v any) {
 // rateEvery is how often an event stream sends the events per second.
 const rateEvery = time.Second
 
+// changeGap is the least time between two change notices to one page.
+const changeGap = 250 * time.Millisecond
+
 // events is the page's live feed (server-sent events): "change" whenever
 // the replica's event stream delivered something (the page then re-reads
 // what it shows), and "rate" every second with the events per second of
@@ -176,6 +179,11 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 		!send("rate", c.rate.summary(c.cfg.Registrar.Now())) {
 		return
 	}
+	// Each change notice makes the page re-read its view, which lists the
+	// snapshot: under churn they are spaced by changeGap, the last change
+	// always followed by a notice.
+	var hold <-chan time.Time
+	pending := false
 	for {
 		select {
 		case <-r.Context().Done():
@@ -183,8 +191,22 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 		case <-c.done:
 			return
 		case <-ch:
+			if hold != nil {
+				pending = true
+				continue
+			}
 			if !send("change", struct{}{}) {
 				return
+			}
+			hold = time.After(changeGap)
+		case <-hold:
+			hold = nil
+			if pending {
+				pending = false
+				if !send("change", struct{}{}) {
+					return
+				}
+				hold = time.After(changeGap)
 			}
 		case <-tick.C:
 			if !send("rate", c.rate.summary(c.cfg.Registrar.Now())) {
