@@ -3,12 +3,20 @@ package console_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
+
+	"github.com/aethermesh/aether/console"
+	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
+	"github.com/aethermesh/aether/internal/testutil/wait"
+	"github.com/aethermesh/aether/server"
 )
 
 // TestSubscriptionOnlyWhilePagesAreOpen: the console's subscription to
@@ -59,4 +67,37 @@ func TestSubscriptionOnlyWhilePagesAreOpen(t *testing.T) {
 	close1()
 	close2()
 	waitFor(t, "no subscription once the pages closed", 5*time.Second, func() bool { return streams() == 0 })
+}
+
+// TestOverviewReplicationPeers: with --peer-etcd the overview lists the
+// peer region as the replicator sees it, this replica leading (it is the
+// region's only one), and `aether status` prints the peer.
+func TestOverviewReplicationPeers(t *testing.T) {
+	peer := etcdtest.Start(t)
+	srv := plane(t, func(o *server.Config) {
+		o.PeerEtcd = []string{"us-east=" + peer.Endpoints()[0]}
+		o.ReplicationLeaseTTL = 5 * time.Second
+	})
+	base := "http://" + srv.HTTPAddr()
+	var ov console.Overview
+	wait.ForState(t, "the peer synced in the overview", 20*time.Second, func() (bool, string) {
+		ov = overview(t, base)
+		p := ov.Replication.Peers
+		return ov.Replication.Enabled && len(p) == 1 && p[0].Region == "us-east" && p[0].Reachable && p[0].Synced && p[0].IsLeader,
+			fmt.Sprintf("%+v", ov.Replication)
+	})
+	if p := ov.Replication.Peers[0]; p.KeysMirrored == 0 || p.LeaseTTLRemainingSeconds <= 0 {
+		t.Errorf("peer %+v: want mirrored keys and a live lease", p)
+	}
+	ctx := browser(t, time.Minute)
+	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/ui/")); err != nil {
+		t.Fatal(err)
+	}
+	waitPage(t, ctx, "peer row", liveBound, text("#peers tbody tr td:nth-child(1)"), "us-east")
+	waitPage(t, ctx, "peer synced", liveBound, text("#peers tbody tr td:nth-child(3)"), "yes")
+
+	out := aether(t, "status", "--http-addr="+srv.HTTPAddr())
+	if !regexp.MustCompile(`(?m)^us-east +yes +yes +this replica `).MatchString(out) {
+		t.Errorf("aether status shows no synced peer row:\n%s", out)
+	}
 }
