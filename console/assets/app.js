@@ -169,7 +169,6 @@ function chart(series) {
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   svg.setAttribute("class", "chart");
   svg.setAttribute("id", "rate-chart");
-  svg.setAttribute("preserveAspectRatio", "none");
   const peak = Math.max(1, ...series);
   const pts = series.map((v, i) => {
     const x = pad + (W - pad - 4) * i / Math.max(1, series.length - 1);
