@@ -188,7 +188,10 @@ func aether(t *testing.T, args ...string) string {
 func plane(t *testing.T, mut ...func(*server.Config)) *server.Server {
 	t.Helper()
 	etcd := etcdtest.Start(t)
-	o := server.Config{EtcdEndpoints: etcd.Endpoints(), Options: registrar.Options{ClusterName: "c1", Region: "eu-west", Zone: "eu-west-1a"}}
+	// The nodes send no heartbeats: a node TTL longer than any test keeps
+	// them (and their endpoints) for its whole run.
+	o := server.Config{EtcdEndpoints: etcd.Endpoints(), Options: registrar.Options{ClusterName: "c1", Region: "eu-west", Zone: "eu-west-1a",
+		NodeTTL: 10 * time.Minute}}
 	for _, m := range mut {
 		m(&o)
 	}
