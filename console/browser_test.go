@@ -270,6 +270,11 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	waitPage(t, ctx, "search 'ap'", liveBound, count("#services tbody tr"), "1")
 	waitPage(t, ctx, "search 'ap' row", liveBound, `document.querySelector("#services tbody tr").dataset.service`, "api")
+	// A new service that matches joins the filtered list live, and the
+	// search box keeps its text and focus through the update.
+	aether(t, "register", "--registrar="+srv.GRPCAddr(), "--service", "apex", "--ip", "10.0.3.1", "--port", "8080")
+	waitPage(t, ctx, "apex joins the search", liveBound, `[...document.querySelectorAll("#services tbody tr")].map(r => r.dataset.service).join(",")`, "apex,api")
+	waitPage(t, ctx, "search box kept", liveBound, `document.activeElement.id + "=" + document.activeElement.value`, "search=ap")
 
 	// A service's endpoints.
 	eval[bool](t, ctx, `(location.hash = "#/services/web", true)`)

@@ -88,13 +88,16 @@ async function render() {
   }
   if (route.view === "services" && !route.arg) {
     // Keep the search box (and its focus) across refreshes.
+    // Moving a focused element blurs it, so the box stays where it is
+    // and only the list beside it is replaced.
     let box = document.getElementById("search");
-    if (!box || !view.contains(box)) {
+    const old = document.getElementById("services-list");
+    if (!box || !view.contains(box) || !old) {
       box = el("input", { type: "search", id: "search", placeholder: "search services", autocomplete: "off" });
       box.addEventListener("input", () => filterServices());
       view.replaceChildren(box, content);
     } else {
-      view.replaceChildren(box, content);
+      old.replaceWith(content);
     }
     filterServices();
   } else {
