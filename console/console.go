@@ -69,6 +69,7 @@ type Authz struct {
 type Console struct {
 	cfg  Config
 	rate *rate
+	lat  *latency
 	hub  *hub
 
 	mu      sync.Mutex
@@ -90,7 +91,7 @@ func New(cfg Config) *Console {
 		cfg.Logger = slog.Default()
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &Console{cfg: cfg, rate: newRate(), hub: newHub(), stop: cancel,
+	c := &Console{cfg: cfg, rate: newRate(), lat: &latency{}, hub: newHub(), stop: cancel,
 		done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	c.wg.Add(2)
 	go func() {
@@ -200,7 +201,34 @@ func (c *Console) follow(ctx context.Context, sub *registrar.Subscription) strin
 				from = v
 			}
 		}
+		c.propagation(evs)
 		c.hub.notify()
+	}
+}
+
+// propagation records, for each write another replica acknowledged that
+// this replica's stream now delivers, how long it took to get here: from
+// the write's stamp (the acknowledging replica's hybrid clock, its wall
+// time in milliseconds) to now on this replica's clock. Only added and
+// updated endpoints carry the stamp of the write that made the event; a
+// removal's endpoint is the old value. The replicas' clocks must agree
+// for the figure to mean anything (as for any cross-host latency); this
+// replica's own writes are not propagation and are left out.
+func (c *Console) propagation(evs []*registrarv1.EndpointEvent) {
+	r := c.cfg.Registrar
+	own := r.Version().Epoch
+	now := r.Now()
+	for _, e := range evs {
+		switch e.GetType() {
+		case registrarv1.EndpointEvent_ENDPOINT_ADDED, registrarv1.EndpointEvent_ENDPOINT_UPDATED:
+		default:
+			continue
+		}
+		st := e.GetEndpoint().GetStamp()
+		if st.GetHlc() == 0 || st.GetWriter() == own {
+			continue
+		}
+		c.lat.add(now, max(now.Sub(registry.HLCTime(st.GetHlc())), 0))
 	}
 }
 
@@ -278,6 +306,42 @@ func (r *rate) summary(now time.Time) EventsSummary {
 		s := sec - int64(RateWindow-1-k)
 		if i := int(((s % RateWindow) + RateWindow) % RateWindow); r.secs[i] == s {
 			out.PerSecond[k] = r.counts[i]
+		}
+	}
+	return out
+}
+
+// latency keeps the largest cross-replica propagation latency of each of
+// the last RateWindow seconds.
+type latency struct {
+	mu      sync.Mutex
+	samples uint64
+	secs    [RateWindow]int64
+	maxes   [RateWindow]time.Duration
+}
+
+func (l *latency) add(now time.Time, d time.Duration) {
+	sec := now.Unix()
+	i := int(sec % RateWindow)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.secs[i] != sec {
+		l.secs[i], l.maxes[i] = sec, 0
+	}
+	l.maxes[i] = max(l.maxes[i], d)
+	l.samples++
+}
+
+func (l *latency) summary(now time.Time) PropagationSummary {
+	sec := now.Unix()
+	out := PropagationSummary{MaxMillis: make([]float64, RateWindow)}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out.Samples = l.samples
+	for k := 0; k < RateWindow; k++ {
+		s := sec - int64(RateWindow-1-k)
+		if i := int(((s % RateWindow) + RateWindow) % RateWindow); l.secs[i] == s {
+			out.MaxMillis[k] = float64(l.maxes[i].Microseconds()) / 1000
 		}
 	}
 	return out

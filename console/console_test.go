@@ -16,6 +16,7 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
+	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/server"
 )
 
@@ -99,5 +100,58 @@ func TestOverviewReplicationPeers(t *testing.T) {
 	out := aether(t, "status", "--http-addr="+srv.HTTPAddr())
 	if !regexp.MustCompile(`(?m)^us-east +yes +yes +this replica `).MatchString(out) {
 		t.Errorf("aether status shows no synced peer row:\n%s", out)
+	}
+}
+
+// TestPropagationLatency: two replicas of one cluster on one etcd. A write
+// acknowledged by A reaches B through etcd (A's flush, B's watch); B's
+// open page shows it as a cross-replica propagation sample, with a
+// latency between A's acknowledgement and B's event. A's own writes are
+// not propagation: A's console, open too, measures none.
+func TestPropagationLatency(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	o := server.Config{EtcdEndpoints: etcd.Endpoints(), Options: registrar.Options{ClusterName: "c1", Region: "eu-west"}}
+	a, b := regtest.Start(t, o), regtest.Start(t, o)
+
+	// A's console follows its stream while this stream is open.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+a.HTTPAddr()+"/ui/api/events", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+
+	page := browser(t, time.Minute)
+	if err := chromedp.Do(page, chromedp.Navigate("http://"+b.HTTPAddr()+"/ui/")); err != nil {
+		t.Fatal(err)
+	}
+	waitPage(t, page, "B's page live", liveBound, text("#live"), "live")
+	waitFor(t, "both consoles subscribed", liveBound, func() bool {
+		return regtest.MetricValue(t, a.HTTPAddr(), "registrar_connected_agents") == 1 &&
+			regtest.MetricValue(t, b.HTTPAddr(), "registrar_connected_agents") == 1
+	})
+
+	start := time.Now()
+	if _, _, err := a.Registrar().Register(regtest.EP("web", "10.0.0.1", 8080)); err != nil {
+		t.Fatal(err)
+	}
+	waitPage(t, page, "B measured A's write", 10*time.Second, text("#prop-samples"), "1")
+	bound := time.Since(start)
+	ov := overview(t, "http://"+b.HTTPAddr())
+	peak := 0.0
+	for _, v := range ov.Propagation.MaxMillis {
+		peak = max(peak, v)
+	}
+	// Some time (the write goes from A through etcd to B), and no more
+	// than the test waited for it.
+	if peak < 1 || peak > float64(bound.Milliseconds())+1 {
+		t.Fatalf("B's propagation latency %.1fms, want within (1ms, %s]", peak, bound)
+	}
+	t.Logf("propagation A -> B: %.1fms (write-behind flush every %s)", peak, a.Options().WriteBatchInterval)
+	waitPage(t, page, "chart", liveBound, count("#prop-chart polyline"), "1")
+	if n := overview(t, "http://"+a.HTTPAddr()).Propagation.Samples; n != 0 {
+		t.Errorf("A measured %d propagation samples of its own write", n)
 	}
 }

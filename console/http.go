@@ -139,6 +139,16 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = enc.Encode(v)
 }
 
+// rates is what a "rate" event carries: the events per second and the
+// propagation latencies.
+func (c *Console) rates() any {
+	now := c.cfg.Registrar.Now()
+	return struct {
+		EventsSummary
+		Propagation PropagationSummary `json:"propagation"`
+	}{c.rate.summary(now), c.lat.summary(now)}
+}
+
 // rateEvery is how often an event stream sends the events per second.
 const rateEvery = time.Second
 
@@ -176,7 +186,7 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 	// The browser reconnects by itself after 1s when the stream drops.
 	fmt.Fprint(w, "retry: 1000\n\n")
 	if !send("change", struct{}{}) ||
-		!send("rate", c.rate.summary(c.cfg.Registrar.Now())) {
+		!send("rate", c.rates()) {
 		return
 	}
 	// Each change notice makes the page re-read its view, which lists the
@@ -209,7 +219,7 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 				hold = time.After(changeGap)
 			}
 		case <-tick.C:
-			if !send("rate", c.rate.summary(c.cfg.Registrar.Now())) {
+			if !send("rate", c.rates()) {
 				return
 			}
 		}

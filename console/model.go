@@ -27,6 +27,9 @@ type Overview struct {
 	Replication Replication   `json:"replication"`
 	XDS         XDSSummary    `json:"xds"`
 	Events      EventsSummary `json:"events"`
+	// Propagation is measured only while a page is open (the console
+	// then follows the replica's event stream; see Console).
+	Propagation PropagationSummary `json:"propagation"`
 }
 
 // Replica is this registrar.
@@ -133,6 +136,16 @@ type EventsSummary struct {
 	// PerSecond are the events of each of the last RateWindow seconds,
 	// oldest first, the current (incomplete) second last.
 	PerSecond []int `json:"per_second"`
+}
+
+// PropagationSummary is the cross-replica propagation latency: from a
+// write's acknowledgement by another replica to its event here.
+type PropagationSummary struct {
+	// Samples counts the writes measured so far.
+	Samples uint64 `json:"samples"`
+	// MaxMillis is the largest latency of each of the last RateWindow
+	// seconds in milliseconds (0: none measured), oldest first.
+	MaxMillis []float64 `json:"max_millis"`
 }
 
 // ServiceSummary is one row of the services list.
@@ -250,6 +263,7 @@ func (c *Console) overview() Overview {
 		ov.XDS = xdsSummary(c.cfg.XDS())
 	}
 	ov.Events = c.rate.summary(now)
+	ov.Propagation = c.lat.summary(now)
 	return ov
 }
 

@@ -6,7 +6,6 @@
 
 const api = "api/";
 let route = { view: "overview", arg: "" };
-let lastRate = null;
 let inflight = false, again = false;
 
 // el builds a DOM element; text goes in as text, never as HTML.
@@ -141,7 +140,11 @@ function overviewView(ov) {
       kv([["services", String(t.services), "total-services"], ["serving", String(t.serving), "total-serving"],
         ["draining", String(t.draining), "total-draining"], ["nodes", String(t.nodes), "total-nodes"]])),
     el("div", { class: "card" }, el("h2", {}, "Events per second, last 5 minutes"),
-      chart(ov.events.per_second), el("div", { class: "muted" }, "total ", el("span", { id: "events-total" }, ov.events.total))));
+      chart("rate-chart", ov.events.per_second), el("div", { class: "muted" }, "total ", el("span", { id: "events-total" }, ov.events.total))),
+    el("div", { class: "card" }, el("h2", {}, "Cross-replica propagation, max ms per second"),
+      chart("prop-chart", ov.propagation.max_millis),
+      el("div", { class: "muted" }, el("span", { id: "prop-samples" }, ov.propagation.samples),
+        " writes of other replicas measured while this page is open")));
   const regionRows = [];
   for (const reg of ov.regions) for (const c of reg.clusters) {
     regionRows.push(el("tr", { "data-region": reg.name, "data-cluster": c.name },
@@ -163,16 +166,15 @@ function overviewView(ov) {
   return el("div", { id: "overview" }, parts);
 }
 
-// chart draws events per second as an inline SVG polyline.
-function chart(series) {
-  lastRate = series;
+// chart draws a series (one value a second) as an inline SVG polyline.
+function chart(id, series) {
   const W = 600, H = 110, pad = 22;
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   svg.setAttribute("class", "chart");
-  svg.setAttribute("id", "rate-chart");
-  const peak = Math.max(1, ...series);
+  svg.setAttribute("id", id);
+  const peak = Math.ceil(Math.max(1, ...series));
   const pts = series.map((v, i) => {
     const x = pad + (W - pad - 4) * i / Math.max(1, series.length - 1);
     const y = H - 14 - (H - 24) * v / peak;
@@ -262,9 +264,13 @@ function connect() {
   es.addEventListener("rate", (m) => {
     const r = JSON.parse(m.data);
     const old = document.getElementById("rate-chart");
-    if (old) old.replaceWith(chart(r.per_second));
+    if (old) old.replaceWith(chart("rate-chart", r.per_second));
     const tot = document.getElementById("events-total");
     if (tot) tot.textContent = r.total;
+    const prop = document.getElementById("prop-chart");
+    if (prop) prop.replaceWith(chart("prop-chart", r.propagation.max_millis));
+    const ps = document.getElementById("prop-samples");
+    if (ps) ps.textContent = r.propagation.samples;
   });
 }
 

@@ -160,6 +160,13 @@ func writeStatus(w io.Writer, ov *console.Overview) error {
 		}
 	}
 	fmt.Fprintf(tw, "EVENTS\t%d total\t%d/s last second\tpeak %d/s over %ds\n", ov.Events.Total, now, peak, console.RateWindow)
+	if p := ov.Propagation; p.Samples > 0 {
+		peak := 0.0
+		for _, v := range p.MaxMillis {
+			peak = max(peak, v)
+		}
+		fmt.Fprintf(tw, "PROPAGATION\t%d writes of other replicas measured while a page was open\tmax %.1fms over %ds\n", p.Samples, peak, console.RateWindow)
+	}
 	if ov.XDS.Enabled {
 		fmt.Fprintf(tw, "XDS\t%d clients\t%d synced, %d stale, %d nacked\n", ov.XDS.Clients, ov.XDS.Synced, ov.XDS.Stale, ov.XDS.NACKed)
 	}
