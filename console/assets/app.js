@@ -168,7 +168,7 @@ function overviewView(ov) {
 
 // chart draws a series (one value a second) as an inline SVG polyline.
 function chart(id, series) {
-  const W = 600, H = 110, pad = 22;
+  const W = 300, H = 110, pad = 22;
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
