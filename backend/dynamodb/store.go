@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -86,14 +87,29 @@ func NewClient(ctx context.Context, cfg Config) (*ddb.Client, error) {
 }
 
 // NewRetryer is the retryer NewClient configures: the SDK's standard one
-// (jittered exponential backoff, throttling and transient errors
-// retried), 10 attempts, backoff up to 2 s, no client-side retry quota.
+// (throttling and transient errors retried), 10 attempts, no client-side
+// retry quota, and full-jitter exponential backoff from 25 ms (what AWS
+// recommends for DynamoDB, whose throttling clears in milliseconds; the
+// SDK's default starts at a second) up to 2 s.
 func NewRetryer() aws.Retryer {
 	return retry.NewStandard(func(o *retry.StandardOptions) {
 		o.MaxAttempts = 10
 		o.MaxBackoff = 2 * time.Second
+		o.Backoff = jitterBackoff{base: 25 * time.Millisecond, max: 2 * time.Second}
 		o.RateLimiter = ratelimit.None
 	})
+}
+
+// jitterBackoff waits a uniformly random time below base*2^(attempt-1),
+// capped at max.
+type jitterBackoff struct{ base, max time.Duration }
+
+func (b jitterBackoff) BackoffDelay(attempt int, _ error) (time.Duration, error) {
+	d := b.max
+	if attempt < 20 {
+		d = min(b.max, b.base<<max(attempt-1, 0))
+	}
+	return time.Duration(rand.Int64N(int64(d) + 1)), nil
 }
 
 // Options configure a Store. Zero values take the defaults.
