@@ -28,6 +28,15 @@ type Config struct {
 	DataDir              string
 	EmbeddedEtcdAddr     string
 	EmbeddedEtcdPeerAddr string
+	// Backend is the store: BackendEtcd (the default: the options above)
+	// or BackendDynamoDB (DynamoDB, below; no embedded etcd runs).
+	Backend string
+	// DynamoDB: the table (made by `aether dynamodb create-table`), and
+	// the region and endpoint where the SDK's standard chain (environment,
+	// shared config, web identity, instance metadata) does not say them.
+	DynamoDBTable    string
+	DynamoDBRegion   string
+	DynamoDBEndpoint string
 
 	// Serving. GRPCAddr serves the Registrar API, gRPC health and
 	// reflection; HTTPAddr serves /healthz, /readyz and /metrics. Port 0
@@ -181,6 +190,7 @@ func DefaultConfig() Config {
 // SyncMode resolves to on its backend (Launch copies back the result).
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
+	defaults.Set(&c.Backend, BackendEtcd)
 	defaults.Set(&c.DataDir, d.DataDir)
 	defaults.Set(&c.EmbeddedEtcdAddr, d.EmbeddedEtcdAddr)
 	defaults.Set(&c.EmbeddedEtcdPeerAddr, d.EmbeddedEtcdPeerAddr)
@@ -201,6 +211,9 @@ func (c Config) withDefaults() Config {
 // the replica's first (registrar.Options.Validate), then the process's.
 func (c Config) Validate() error {
 	if err := c.Options.Validate(); err != nil {
+		return err
+	}
+	if err := c.validateBackend(); err != nil {
 		return err
 	}
 	checks := []struct {

@@ -78,6 +78,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newClusterCmd(),
 		newCertsCmd(),
 		newXDSCmd(),
+		newDynamoDBCmd(),
 	)
 	documentEnv(root)
 	return root

@@ -1,0 +1,113 @@
+package server_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
+
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	dynamostore "github.com/aethermesh/aether/backend/dynamodb"
+	"github.com/aethermesh/aether/internal/testutil/dynalite"
+	"github.com/aethermesh/aether/internal/testutil/regtest"
+	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/server"
+)
+
+// dynamoConfig is a registrar on the table at endpoint, syncing by the
+// poll every 200 ms. The credentials come from the environment, as the
+// SDK's chain reads them (dynalite wants requests signed, by anyone).
+func dynamoConfig(t *testing.T, endpoint, table string) server.Config {
+	t.Setenv("AWS_ACCESS_KEY_ID", "test")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+	return server.Config{
+		Backend: server.BackendDynamoDB, DynamoDBTable: table, DynamoDBRegion: "us-east-1", DynamoDBEndpoint: endpoint,
+		Options: registrar.Options{ClusterName: "c1", Region: "r1", SyncInterval: 200 * time.Millisecond},
+	}
+}
+
+func createTable(t *testing.T, endpoint, table string) {
+	cli := ddb.New(ddb.Options{
+		Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider("test", "test", ""),
+		BaseEndpoint: aws.String(endpoint), Retryer: dynamostore.NewRetryer(),
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := dynamostore.CreateTable(ctx, cli, table, 4); err != nil {
+		t.Fatalf("create table: %v", err)
+	}
+}
+
+// TestDynamoDBBackendTwoReplicas: two registrars on one DynamoDB table
+// (dynalite) pick the poll, having no change feed; an endpoint and a node
+// registered on one reach the other through the table, and a restarted
+// replica loads them.
+func TestDynamoDBBackendTwoReplicas(t *testing.T) {
+	d := dynalite.Start(t)
+	createTable(t, d.Endpoint, "aether")
+	cfg := dynamoConfig(t, d.Endpoint, "aether")
+	a, b := regtest.Start(t, cfg), regtest.Start(t, cfg)
+	if mode := b.Registrar().Options().SyncMode; mode != registrar.SyncPoll {
+		t.Fatalf("sync mode on DynamoDB = %q, want %q", mode, registrar.SyncPoll)
+	}
+	ca := dial(t, a.GRPCAddr())
+	register(t, ca, ep("web", "10.0.0.1", 80))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := ca.AnnounceNode(ctx, &registrarv1.AnnounceNodeRequest{Node: &registryv1.Node{Name: "n1"}}); err != nil {
+		t.Fatalf("AnnounceNode on DynamoDB: %v", err)
+	}
+	for name, s := range map[string]*server.Server{"b": b} {
+		waitFor(t, "replica "+name+" to learn the endpoint by polling", 20*time.Second, func() bool {
+			eps, _, err := s.Registrar().List([]string{"web"})
+			return err == nil && len(eps) == 1 && eps[0].GetIp() == "10.0.0.1"
+		})
+		waitFor(t, "replica "+name+" to learn the node", 20*time.Second, func() bool {
+			return len(s.Registrar().ListNodes(ctx)) == 1
+		})
+	}
+	waitFor(t, "a's write to persist", 10*time.Second, func() bool { return a.Registrar().PendingWrites() == 0 })
+	c := regtest.Start(t, cfg)
+	if eps, _, err := c.Registrar().List([]string{"web"}); err != nil || len(eps) != 1 {
+		t.Fatalf("a replica started later lists %v (%v), want the endpoint", eps, err)
+	}
+}
+
+// TestDynamoDBMissingTableFailsStart: a registrar pointed at a table that
+// does not exist fails its start, and says how to make it.
+func TestDynamoDBMissingTableFailsStart(t *testing.T) {
+	d := dynalite.Start(t)
+	cfg := dynamoConfig(t, d.Endpoint, "nope")
+	cfg.GRPCAddr, cfg.HTTPAddr, cfg.Logger = "127.0.0.1:0", "127.0.0.1:0", quietLogger()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := server.Serve(ctx, cfg)
+	if err == nil || !strings.Contains(err.Error(), "aether dynamodb create-table --dynamodb-table nope") {
+		t.Fatalf("Serve on a missing table: %v, want a start failure naming create-table", err)
+	}
+}
+
+// TestDynamoDBFlagsChecked: the etcd-only options are refused with
+// --backend dynamodb, and the DynamoDB ones without it.
+func TestDynamoDBFlagsChecked(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  server.Config
+		want string
+	}{
+		{server.Config{Backend: server.BackendDynamoDB}, "needs --dynamodb-table"},
+		{server.Config{Backend: server.BackendDynamoDB, DynamoDBTable: "t", EtcdEndpoints: []string{"http://x:2379"}}, "drop --etcd-endpoints"},
+		{server.Config{Backend: server.BackendDynamoDB, DynamoDBTable: "t", PeerEtcd: []string{"r2=http://x:2379"}}, "--peer-etcd"},
+		{server.Config{DynamoDBTable: "t"}, "need --backend dynamodb"},
+		{server.Config{Backend: "consul"}, `--backend "consul"`},
+	} {
+		tc.cfg.Options = registrar.Options{ClusterName: "c1", Region: "r1"}
+		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v) = %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+}
