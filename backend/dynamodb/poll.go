@@ -79,8 +79,50 @@ type PollStats struct {
 	Requests int     // DynamoDB requests made (the counter read included)
 	Items    int     // items returned
 	Capacity float64 // read capacity units consumed, as the server reported (0 if it does not)
+	// Bytes is the size of the items read, by DynamoDB's rule (attribute
+	// names plus values); Billed is the read units DynamoDB's pricing
+	// rule makes of it: per request, the bytes rounded up to 4 KB, at
+	// least one unit, halved for an eventually consistent read (the
+	// index's). A server that reports no capacity (or a model of one)
+	// still shows what AWS would bill.
+	Bytes  int
+	Billed float64
 	Cursor   int64   // an incremental poll's lower bound (revisions above it were read)
 	Revision int64   // the listing's revision
+}
+
+// bill adds one request's items to Bytes and Billed.
+func (st *PollStats) bill(items []map[string]types.AttributeValue, consistent bool) {
+	n := 0
+	for _, item := range items {
+		n += itemSize(item)
+	}
+	st.Bytes += n
+	units := float64(max(1, (n+4095)/4096))
+	if !consistent {
+		units /= 2
+	}
+	st.Billed += units
+}
+
+// itemSize is an item's size as DynamoDB counts it: each attribute's name
+// plus its value (a number at about one byte per two digits plus one).
+func itemSize(item map[string]types.AttributeValue) int {
+	n := 0
+	for name, v := range item {
+		n += len(name)
+		switch v := v.(type) {
+		case *types.AttributeValueMemberS:
+			n += len(v.Value)
+		case *types.AttributeValueMemberB:
+			n += len(v.Value)
+		case *types.AttributeValueMemberN:
+			n += (len(v.Value)+1)/2 + 1
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 // mirror is the registry as this Store last read it, which List brings up
@@ -125,7 +167,7 @@ func (s *Store) List(ctx context.Context) (backend.Listing, error) {
 			return backend.Listing{}, err
 		}
 		read := reading{t: s.opts.Now(), c: c}
-		st.Requests, st.Capacity = 1, rcu
+		st.Requests, st.Capacity, st.Billed = 1, rcu, 1 // the counter: one consistent read under 4 KB
 		now := read.t
 		full := s.m.lastFull.IsZero() || now.Sub(s.m.lastFull) >= s.opts.FullScanEvery ||
 			(!s.m.rescanAt.IsZero() && !now.Before(s.m.rescanAt))
@@ -155,6 +197,8 @@ func (s *Store) List(ctx context.Context) (backend.Listing, error) {
 		s.m.total.Requests += st.Requests
 		s.m.total.Items += st.Items
 		s.m.total.Capacity += st.Capacity
+		s.m.total.Bytes += st.Bytes
+		s.m.total.Billed += st.Billed
 		if !ok {
 			if attempt >= maxListAttempts {
 				return backend.Listing{}, backend.Mark(fmt.Errorf("dynamodb: no listing at one revision after %d polls: keys are rewritten faster than a poll runs", attempt), backend.ErrUnavailable)
@@ -237,6 +281,7 @@ func (s *Store) fullScan(ctx context.Context, st *PollStats) error {
 		st.Requests++
 		st.Items += len(out.Items)
 		st.Capacity += capacity(out.ConsumedCapacity)
+		st.bill(out.Items, true)
 		for _, item := range out.Items {
 			key, _ := strAttr(item, attrKey)
 			if key == metaKey {
@@ -276,6 +321,7 @@ func (s *Store) poll(ctx context.Context, cursor int64, st *PollStats) error {
 			st.Requests++
 			st.Items += len(out.Items)
 			st.Capacity += capacity(out.ConsumedCapacity)
+			st.bill(out.Items, false)
 			for _, item := range out.Items {
 				key, _ := strAttr(item, attrKey)
 				s.merge(key, entryOf(item))

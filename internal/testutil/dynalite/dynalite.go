@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -48,6 +49,7 @@ type Server struct {
 	cmd      *exec.Cmd
 	out      *syncBuffer
 	done     chan struct{}
+	stopped  atomic.Bool
 }
 
 // Start runs a dynalite for t and stops it when t ends.
@@ -61,7 +63,21 @@ func Start(t testing.TB) *Server {
 	for range 5 {
 		s, err := start(bin)
 		if err == nil {
-			t.Cleanup(s.stop)
+			t.Cleanup(func() {
+				select {
+				case <-s.done:
+					if s.stopped.Load() {
+						return // stopped by the test
+					}
+					// It died under the test: that is the failure to see.
+					t.Errorf("dynalite exited during the test: %s", s.out.String())
+				default:
+					if t.Failed() {
+						t.Logf("dynalite output: %s", s.out.String())
+					}
+				}
+				s.stop()
+			})
 			return s
 		}
 		last = err // most likely the port was taken between probe and bind
@@ -112,6 +128,13 @@ func start(bin string) (*Server, error) {
 func (s *Server) stop() {
 	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 	<-s.done
+}
+
+// Stop kills the server now (a table outage); the test's end does
+// nothing more.
+func (s *Server) Stop() {
+	s.stopped.Store(true)
+	s.stop()
 }
 
 type syncBuffer struct {
