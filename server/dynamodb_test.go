@@ -2,7 +2,13 @@ package server_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -110,4 +116,58 @@ func TestDynamoDBFlagsChecked(t *testing.T) {
 			t.Errorf("Validate(%+v) = %v, want %q", tc.cfg, err, tc.want)
 		}
 	}
+}
+
+// outageProxy forwards to dynalite, or, while down, answers every request
+// 503 as an unreachable DynamoDB endpoint's load balancer would.
+type outageProxy struct {
+	proxy *httputil.ReverseProxy
+	down  atomic.Bool
+	shed  atomic.Int64
+}
+
+func (p *outageProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if p.down.Load() {
+		p.shed.Add(1)
+		http.Error(w, "service unavailable (the test's outage)", http.StatusServiceUnavailable)
+		return
+	}
+	p.proxy.ServeHTTP(w, r)
+}
+
+// TestDynamoDBOutageQueuesWrites: while the table is unreachable a
+// registrar still acknowledges registrations and serves them from its
+// snapshot, its write-behind holding them; once the table is back they
+// land, nothing lost.
+func TestDynamoDBOutageQueuesWrites(t *testing.T) {
+	d := dynalite.Start(t)
+	createTable(t, d.Endpoint, "aether")
+	u, _ := url.Parse(d.Endpoint)
+	px := &outageProxy{proxy: httputil.NewSingleHostReverseProxy(u)}
+	front := httptest.NewServer(px)
+	t.Cleanup(front.Close)
+	a := regtest.Start(t, dynamoConfig(t, front.URL, "aether"))
+	c := dial(t, a.GRPCAddr())
+	register(t, c, ep("web", "10.0.0.1", 80))
+	waitFor(t, "the first write to persist", 10*time.Second, func() bool { return a.Registrar().PendingWrites() == 0 })
+
+	px.down.Store(true)
+	for i := 2; i <= 4; i++ {
+		register(t, c, ep("web", fmt.Sprintf("10.0.0.%d", i), 80))
+	}
+	if eps, _, err := a.Registrar().List([]string{"web"}); err != nil || len(eps) != 4 {
+		t.Fatalf("during the outage the registrar lists %d endpoints (%v), want all 4 from its snapshot", len(eps), err)
+	}
+	waitFor(t, "the write-behind to try the table", 10*time.Second, func() bool { return px.shed.Load() > 0 })
+	if a.Registrar().PendingWrites() == 0 {
+		t.Fatalf("writes acknowledged during the outage are not pending")
+	}
+
+	px.down.Store(false)
+	waitFor(t, "the queued writes to land after the outage", 30*time.Second, func() bool { return a.Registrar().PendingWrites() == 0 })
+	fresh := regtest.Start(t, dynamoConfig(t, d.Endpoint, "aether"))
+	if eps, _, err := fresh.Registrar().List([]string{"web"}); err != nil || len(eps) != 4 {
+		t.Fatalf("after the outage the table holds %d endpoints (%v), want 4", len(eps), err)
+	}
+	t.Logf("%d requests refused during the outage", px.shed.Load())
 }

@@ -72,10 +72,12 @@ func (s *Store) GrantLease(ctx context.Context, ttl time.Duration) (int64, error
 // KeepAliveOnce moves a live lease's expiry to its TTL from now. A lease
 // already expired stays expired: every replica may have judged it gone.
 func (s *Store) KeepAliveOnce(ctx context.Context, lease int64) (time.Duration, error) {
-	rev, err := s.allocate(ctx)
+	rev, start, err := s.sharedRevision(ctx)
 	if err != nil {
 		return 0, err
 	}
+	ctx, cancel := context.WithDeadline(ctx, start.Add(s.opts.Window/2))
+	defer cancel()
 	now := s.opts.Now().UnixMilli()
 	key := leaseKey(lease)
 	out, err := s.cli.UpdateItem(ctx, &ddb.UpdateItemInput{

@@ -50,17 +50,13 @@ func entryOf(item map[string]types.AttributeValue) entry {
 // version if written at or before r, else the previous one if that was;
 // known is false when both are later (the key was written twice since).
 // A nil value means absent at r.
+// rev is that version's revision (a deletion's, for an absent key; 0 if
+// the key never existed as far as the item knows).
 func (e entry) at(r int64) (v []byte, rev int64, known bool) {
 	switch {
 	case e.rev <= r:
-		if e.v == nil {
-			return nil, 0, true
-		}
 		return e.v, e.rev, true
 	case e.prev <= r:
-		if e.pv == nil {
-			return nil, 0, true
-		}
 		return e.pv, e.prev, true
 	}
 	return nil, 0, false
@@ -256,8 +252,11 @@ func (s *Store) prune(now time.Time) {
 }
 
 func (s *Store) merge(key string, e entry) {
-	if old, ok := s.m.entries[key]; ok && old.rev >= e.rev {
-		return // a re-read of the overlap, or an index lagging the mirror
+	if old, ok := s.m.entries[key]; ok && (old.rev > e.rev || old.rev == e.rev && old.leaseExp >= e.leaseExp) {
+		// A re-read of the overlap, or an index lagging the mirror. (Two
+		// heartbeats of one lease may share a revision, see
+		// sharedRevision: the later expiry is the newer.)
+		return
 	}
 	s.m.entries[key] = e
 }
@@ -350,11 +349,10 @@ func (s *Store) cut(c int64) (backend.Listing, bool) {
 		if !known {
 			return backend.Listing{}, false
 		}
+		top = max(top, rev) // a deletion at or below c is part of the state too
 		if v == nil {
-			top = max(top, min(e.rev, c)) // a deletion at or below c is part of the state
 			continue
 		}
-		top = max(top, rev)
 		switch {
 		case registry.IsEndpointKey(key):
 			eps = append(eps, kv{key, v, rev})

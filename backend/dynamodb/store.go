@@ -138,6 +138,10 @@ type Store struct {
 
 	pollMu sync.Mutex // serializes polls; guards m
 	m      mirror
+
+	shareMu    sync.Mutex // guards the heartbeats' shared revision
+	shareRev   int64
+	shareStart time.Time
 }
 
 // Open checks that table exists with this backend's schema (an error
@@ -216,6 +220,31 @@ func (s *Store) allocate(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("dynamodb: allocating a revision: %w", unavailable(err))
 	}
 	return numAttr(out.Attributes, attrRev), nil
+}
+
+// shareFor is how long a revision allocated for heartbeats is used for
+// more of them: each node heartbeat would otherwise be one more write of
+// the one counter item, which DynamoDB holds to about 1,000 writes/s;
+// sharing bounds it to a few per second per replica, whatever the number
+// of nodes.
+const shareFor = 200 * time.Millisecond
+
+// sharedRevision returns a revision for a heartbeat and the instant its
+// settle window started: one allocated less than shareFor ago, or a new
+// one. Writes under it must finish by start + Window/2, as a batch's do.
+func (s *Store) sharedRevision(ctx context.Context) (int64, time.Time, error) {
+	s.shareMu.Lock()
+	defer s.shareMu.Unlock()
+	now := s.opts.Now()
+	if s.shareRev != 0 && now.Sub(s.shareStart) < shareFor {
+		return s.shareRev, s.shareStart, nil
+	}
+	rev, err := s.allocate(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	s.shareRev, s.shareStart = rev, now
+	return rev, now, nil
 }
 
 // counter reads the revision counter: every revision allocated so far.
