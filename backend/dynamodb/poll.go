@@ -81,10 +81,10 @@ type PollStats struct {
 	// least one unit, halved for an eventually consistent read (the
 	// index's). A server that reports no capacity (or a model of one)
 	// still shows what AWS would bill.
-	Bytes  int
-	Billed float64
-	Cursor   int64   // an incremental poll's lower bound (revisions above it were read)
-	Revision int64   // the listing's revision
+	Bytes    int
+	Billed   float64
+	Cursor   int64 // an incremental poll's lower bound (revisions above it were read)
+	Revision int64 // the listing's revision
 }
 
 // bill adds one request's items to Bytes and Billed.

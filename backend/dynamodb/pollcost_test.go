@@ -152,7 +152,7 @@ shard. Per hour at the 5 s interval the polls come to about 720 times the 5 s ro
 backstop's 12 full scans to 12 times the first row: at this size the backstop, not the poll, is
 most of the read bill. A writer row below 100 changes/s is dynalite saturating on a shared
 2-core machine, not the rate asked.
-%s`, beginMarker, start.UTC().Format("2006-01-02 15:04"), n, runtime.NumCPU(), strings.Fields(string(load)+" ?")[0], n, DefaultShards, table, endMarker)
+%s`, beginMarker, start.UTC().Format("2006-01-02 15:04"), n, runtime.NumCPU(), strings.Fields(string(load) + " ?")[0], n, DefaultShards, table, endMarker)
 	old, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("reading %s: %v", path, err)
