@@ -34,8 +34,9 @@
 //
 // # Revisions
 //
-// A batch (one ApplyOrdered) takes the next revision from the meta item's
-// counter with one conditional UpdateItem (ADD r 1), then writes each
+// A batch (one ApplyOrdered, in chunks of MaxPerRevision mutations) takes
+// the next revision from the meta item's counter with one conditional
+// UpdateItem (ADD r 1), then writes each
 // mutation as an UpdateItem conditional on its stamp being newer than the
 // item's (registry.CompareStamps: hlc, then writer). So revisions are
 // per table and increase with every write, whichever replica makes it. A
@@ -44,7 +45,9 @@
 // to a batch of which nothing lands is simply never seen. The counter is
 // one item written once per batch per replica: at the registrar's 100 ms
 // batches, ten replicas are 100 writes/s, a tenth of what DynamoDB allows
-// one item.
+// one item. Node heartbeats share one revision per replica for 200 ms, so
+// they add at most five counter writes a second per replica, whatever
+// the number of nodes.
 //
 // The batch does not go out as BatchWriteItem, which takes no condition
 // expressions and so could not keep the newest stamp against another

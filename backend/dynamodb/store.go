@@ -37,6 +37,11 @@ const (
 	// DefaultWriteConcurrency is how many conditional writes of one batch
 	// are in flight at once.
 	DefaultWriteConcurrency = 16
+	// DefaultMaxPerRevision is the most mutations of one batch written
+	// under one revision: at DefaultWriteConcurrency and DynamoDB's
+	// single-digit milliseconds a write, a few tenths of a second, well
+	// inside the half window a revision's writes get.
+	DefaultMaxPerRevision = 400
 	// TombstoneTTL is how long a delete's tombstone is kept at least (as
 	// the etcd backend's); DynamoDB's TTL removes it some time after.
 	TombstoneTTL = 10 * time.Minute
@@ -117,6 +122,7 @@ type Options struct {
 	Window           time.Duration // default DefaultWindow
 	FullScanEvery    time.Duration // default DefaultFullScanEvery
 	WriteConcurrency int           // default DefaultWriteConcurrency
+	MaxPerRevision   int           // default DefaultMaxPerRevision
 	Logger           *slog.Logger
 	// Now is the clock of leases and of the poll's window (default
 	// time.Now).
@@ -160,6 +166,9 @@ func Open(ctx context.Context, cli *ddb.Client, table string, opts Options) (*St
 	}
 	if opts.WriteConcurrency <= 0 {
 		opts.WriteConcurrency = DefaultWriteConcurrency
+	}
+	if opts.MaxPerRevision <= 0 {
+		opts.MaxPerRevision = DefaultMaxPerRevision
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -269,7 +278,8 @@ func capacity(c *types.ConsumedCapacity) float64 {
 	return *c.CapacityUnits
 }
 
-// ApplyOrdered writes muts under one newly allocated revision, each as a
+// ApplyOrdered writes muts under newly allocated revisions (one per
+// MaxPerRevision mutations), each as a
 // conditional UpdateItem that lands only over an older stamp (or nothing),
 // up to WriteConcurrency at a time. It does not use BatchWriteItem, which
 // takes no conditions and so could not keep the newest stamp against a
@@ -293,9 +303,25 @@ func (s *Store) ApplyOrdered(ctx context.Context, muts []backend.Mutation) ([]ba
 		}
 		todo = append(todo, i)
 	}
-	if len(todo) == 0 {
-		return outs, nil
+	// A large batch goes out in chunks of a revision each, small enough
+	// to finish well inside the settle window.
+	var first error
+	for lo := 0; lo < len(todo); lo += s.opts.MaxPerRevision {
+		chunk := todo[lo:min(lo+s.opts.MaxPerRevision, len(todo))]
+		rev, n, err := s.applyChunk(ctx, chunk, ps, muts, outs)
+		if err != nil && first == nil {
+			first = fmt.Errorf("dynamodb: %d of %d writes at revision %d did not settle (retry them): %w", n, len(chunk), rev, err)
+		}
+		if rev == 0 {
+			break // no revision to be had (the table unreachable): the rest would fare no better
+		}
 	}
+	return outs, first
+}
+
+// applyChunk writes the mutations chunk indexes under one new revision
+// and returns it, with how many did not settle and the first error.
+func (s *Store) applyChunk(ctx context.Context, chunk []int, ps []backend.Prepared, muts []backend.Mutation, outs []backend.Outcome) (int64, int, error) {
 	// The settle window starts before the revision is allocated: every
 	// write under it is given until half the window after this instant,
 	// so a poller may take every revision allocated a window ago as
@@ -303,38 +329,35 @@ func (s *Store) ApplyOrdered(ctx context.Context, muts []backend.Mutation) ([]ba
 	start := s.opts.Now()
 	rev, err := s.allocate(ctx)
 	if err != nil {
-		return outs, err
+		return 0, len(chunk), err
 	}
 	wctx, cancel := context.WithDeadline(ctx, start.Add(s.opts.Window/2))
 	defer cancel()
 
-	errs := make([]error, len(muts))
+	errs := make([]error, len(chunk))
 	sem := make(chan struct{}, s.opts.WriteConcurrency)
 	var wg sync.WaitGroup
-	for _, i := range todo {
+	for j, i := range chunk {
 		sem <- struct{}{}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			errs[i] = s.writeOne(wctx, rev, ps[i], muts[i], &outs[i])
+			errs[j] = s.writeOne(wctx, rev, ps[i], muts[i], &outs[i])
 		}()
 	}
 	wg.Wait()
 	var first error
 	failed := 0
-	for _, i := range todo {
-		if errs[i] != nil {
+	for _, e := range errs {
+		if e != nil {
 			failed++
 			if first == nil {
-				first = errs[i]
+				first = e
 			}
 		}
 	}
-	if first != nil {
-		return outs, fmt.Errorf("dynamodb: %d of %d writes at revision %d did not settle (retry them): %w", failed, len(todo), rev, first)
-	}
-	return outs, nil
+	return rev, failed, first
 }
 
 // writeOne writes one prepared mutation at rev, conditionally on its

@@ -473,3 +473,27 @@ func TestConcurrentWritersNewestWins(t *testing.T) {
 		t.Fatalf("%d endpoints, want %d", len(l.Endpoints), n)
 	}
 }
+
+// TestLargeBatchInChunks: a batch larger than MaxPerRevision goes out
+// under several revisions, each mutation landing, in order of the chunks.
+func TestLargeBatchInChunks(t *testing.T) {
+	cli := startDynalite(t)
+	s := open(t, cli, newTable(t, cli, 4), Options{MaxPerRevision: 3})
+	outs := applyAll(t, s, batchOf("chunks", 10, "n1", 100))
+	revs := map[int64]int{}
+	for i, o := range outs {
+		if !o.Landed {
+			t.Fatalf("mutation %d: %+v", i, o)
+		}
+		revs[o.Revision]++
+		if i > 0 && o.Revision < outs[i-1].Revision {
+			t.Fatalf("mutation %d at %d after %d at %d", i, o.Revision, i-1, outs[i-1].Revision)
+		}
+	}
+	if len(revs) != 4 {
+		t.Fatalf("10 mutations at 3 a revision took revisions %v, want 4", revs)
+	}
+	if l := listOf(t, s); len(l.Endpoints) != 10 {
+		t.Fatalf("listed %d, want 10", len(l.Endpoints))
+	}
+}
