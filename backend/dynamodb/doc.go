@@ -103,7 +103,13 @@
 // below c; a key written twice above c makes List poll again. So writes
 // that land while a poll pages never smear the listing across revisions,
 // except for writes allocated at or below c and still in flight (the
-// window), which the next poll brings.
+// window), which the next poll brings. For the Store's own writes even
+// that does not happen: it knows which of its revisions are in flight
+// (allocations pause while a listing reads the counter, so none is missed)
+// and cuts its listings just below the oldest. Otherwise a registrar that
+// has flushed a write and sees a listing at a later revision without it
+// would take it for overwritten, and flap the endpoint until the next
+// poll; another replica's write in flight is merely not shown yet.
 //
 // GetAt answers from the same two versions and reports a key written
 // twice since the revision asked as backend.ErrCompacted. There is no

@@ -53,6 +53,7 @@ func (s *Store) GrantLease(ctx context.Context, ttl time.Duration) (int64, error
 	if err != nil {
 		return 0, err
 	}
+	defer s.landed(rev)
 	key := leaseKey(id)
 	_, err = s.cli.PutItem(ctx, &ddb.PutItemInput{
 		TableName: aws.String(s.table),
@@ -76,6 +77,7 @@ func (s *Store) KeepAliveOnce(ctx context.Context, lease int64) (time.Duration, 
 	if err != nil {
 		return 0, err
 	}
+	defer s.landed(rev)
 	ctx, cancel := context.WithDeadline(ctx, start.Add(s.opts.Window/2))
 	defer cancel()
 	now := s.opts.Now().UnixMilli()
@@ -137,6 +139,7 @@ func (s *Store) endLease(ctx context.Context, lease, exp int64, expired bool) (i
 	if err != nil {
 		return 0, err
 	}
+	defer s.landed(rev)
 	vals := map[string]types.AttributeValue{
 		":zero": num(0), ":r": num(rev), ":s": num(s.shardOf(key)), ":x": num(s.opts.Now().Add(TombstoneTTL).Unix()),
 	}
@@ -227,6 +230,7 @@ func (s *Store) PutNode(ctx context.Context, n *registryv1.Node, lease int64) (i
 	if err != nil {
 		return 0, err
 	}
+	defer s.landed(rev)
 	_, err = s.cli.UpdateItem(ctx, &ddb.UpdateItemInput{
 		TableName:        aws.String(s.table),
 		Key:              keyOf(key),

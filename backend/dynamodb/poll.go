@@ -158,7 +158,7 @@ func (s *Store) List(ctx context.Context) (backend.Listing, error) {
 	defer s.pollMu.Unlock()
 	for attempt := 1; ; attempt++ {
 		var st PollStats
-		c, rcu, err := s.counter(ctx)
+		c, rcu, err := s.listCounter(ctx)
 		if err != nil {
 			return backend.Listing{}, err
 		}

@@ -183,6 +183,7 @@ func seed(t *testing.T, cli *ddb.Client, table string, s *Store, n int) {
 	if err != nil {
 		t.Fatalf("allocate: %v", err)
 	}
+	defer s.landed(rev)
 	var reqs []types.WriteRequest
 	flush := func() {
 		for len(reqs) > 0 {

@@ -145,6 +145,14 @@ type Store struct {
 	pollMu sync.Mutex // serializes polls; guards m
 	m      mirror
 
+	allocMu  sync.RWMutex // allocations share it; a listing's counter read takes it alone
+	flightMu sync.Mutex
+	inflight map[int64]int // revisions allocated here whose writes are not done, and how many users each
+
+	// beforeWrite, if set, runs before each mutation's write: a test
+	// holds a write in flight with it.
+	beforeWrite func(key string, rev int64)
+
 	shareMu    sync.Mutex // guards the heartbeats' shared revision
 	shareRev   int64
 	shareStart time.Time
@@ -176,7 +184,7 @@ func Open(ctx context.Context, cli *ddb.Client, table string, opts Options) (*St
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Store{cli: cli, table: table, shards: shards, opts: opts, log: opts.Logger, m: newMirror()}, nil
+	return &Store{cli: cli, table: table, shards: shards, opts: opts, log: opts.Logger, m: newMirror(), inflight: map[int64]int{}}, nil
 }
 
 func (s *Store) report(rev int64) {
@@ -212,7 +220,15 @@ func unavailable(err error) error {
 // allocate takes the next revision from the meta item's counter: one
 // conditional update per batch, so every replica's batches are ordered
 // by one sequence.
+//
+// The revision is registered in flight until its writes are done (the
+// caller calls landed): a listing of this Store is cut below it, so that
+// a write of its own that landed after the listing read its key is not
+// shown undone (the registrar would take that for another replica's
+// revert of its write, and flap the endpoint until the next poll).
 func (s *Store) allocate(ctx context.Context) (int64, error) {
+	s.allocMu.RLock()
+	defer s.allocMu.RUnlock()
 	out, err := s.cli.UpdateItem(ctx, &ddb.UpdateItemInput{
 		TableName:                 aws.String(s.table),
 		Key:                       keyOf(metaKey),
@@ -228,7 +244,45 @@ func (s *Store) allocate(ctx context.Context) (int64, error) {
 		}
 		return 0, fmt.Errorf("dynamodb: allocating a revision: %w", unavailable(err))
 	}
-	return numAttr(out.Attributes, attrRev), nil
+	rev := numAttr(out.Attributes, attrRev)
+	s.hold(rev)
+	return rev, nil
+}
+
+// hold and landed count the writes in flight under a revision.
+func (s *Store) hold(rev int64) {
+	s.flightMu.Lock()
+	defer s.flightMu.Unlock()
+	s.inflight[rev]++
+}
+
+func (s *Store) landed(rev int64) {
+	s.flightMu.Lock()
+	defer s.flightMu.Unlock()
+	if s.inflight[rev]--; s.inflight[rev] <= 0 {
+		delete(s.inflight, rev)
+	}
+}
+
+// listCounter reads the counter for a listing and returns the revision to
+// cut it at: the counter, or just below this Store's oldest revision in
+// flight. Allocations wait meanwhile (allocMu), so none can be counted
+// by the read and not yet registered.
+func (s *Store) listCounter(ctx context.Context) (c int64, rcu float64, err error) {
+	s.allocMu.Lock()
+	defer s.allocMu.Unlock()
+	c, rcu, err = s.counter(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	s.flightMu.Lock()
+	defer s.flightMu.Unlock()
+	for rev := range s.inflight {
+		if rev <= c {
+			c = rev - 1
+		}
+	}
+	return c, rcu, nil
 }
 
 // shareFor is how long a revision allocated for heartbeats is used for
@@ -246,6 +300,7 @@ func (s *Store) sharedRevision(ctx context.Context) (int64, time.Time, error) {
 	defer s.shareMu.Unlock()
 	now := s.opts.Now()
 	if s.shareRev != 0 && now.Sub(s.shareStart) < shareFor {
+		s.hold(s.shareRev)
 		return s.shareRev, s.shareStart, nil
 	}
 	rev, err := s.allocate(ctx)
@@ -253,7 +308,7 @@ func (s *Store) sharedRevision(ctx context.Context) (int64, time.Time, error) {
 		return 0, time.Time{}, err
 	}
 	s.shareRev, s.shareStart = rev, now
-	return rev, now, nil
+	return rev, now, nil // held once, by allocate, for this user
 }
 
 // counter reads the revision counter: every revision allocated so far.
@@ -331,6 +386,7 @@ func (s *Store) applyChunk(ctx context.Context, chunk []int, ps []backend.Prepar
 	if err != nil {
 		return 0, len(chunk), err
 	}
+	defer s.landed(rev)
 	wctx, cancel := context.WithDeadline(ctx, start.Add(s.opts.Window/2))
 	defer cancel()
 
@@ -381,6 +437,9 @@ func (s *Store) writeOne(ctx context.Context, rev int64, p backend.Prepared, m b
 	} else {
 		vals[":x"] = num(s.opts.Now().Add(TombstoneTTL).Unix())
 		update += ", x = :x REMOVE v"
+	}
+	if s.beforeWrite != nil {
+		s.beforeWrite(p.Key, rev)
 	}
 	_, err := s.cli.UpdateItem(ctx, &ddb.UpdateItemInput{
 		TableName:                           aws.String(s.table),

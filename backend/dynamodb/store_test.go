@@ -497,3 +497,50 @@ func TestLargeBatchInChunks(t *testing.T) {
 		t.Fatalf("listed %d, want 10", len(l.Endpoints))
 	}
 }
+
+// TestListingCutBelowOwnWritesInFlight: while a write of this Store is in
+// flight, its listings are cut below that write's revision, even when
+// another replica's later write has landed: the listing then shows
+// neither, consistently, rather than the later write with this one
+// seemingly undone (which the registrar, having flushed it, would take
+// for a revert).
+func TestListingCutBelowOwnWritesInFlight(t *testing.T) {
+	cli := startDynalite(t)
+	table := newTable(t, cli, 4)
+	s := open(t, cli, table, Options{})
+	other := open(t, cli, table, Options{})
+	k1 := ep("flight", 1, "v1", 100)
+	r1 := applyAll(t, s, []backend.Mutation{put(k1)})[0].Revision
+
+	held, release := make(chan int64, 1), make(chan struct{})
+	s.beforeWrite = func(key string, rev int64) {
+		held <- rev
+		<-release
+	}
+	done := make(chan backend.Outcome, 1)
+	go func() {
+		outs, err := s.ApplyOrdered(context.Background(), []backend.Mutation{put(ep("flight", 1, "v2", 200))})
+		if err != nil {
+			t.Errorf("the held write: %v", err)
+		}
+		done <- outs[0]
+	}()
+	r2 := <-held
+	r3 := applyAll(t, other, []backend.Mutation{put(ep("flight", 2, "other", 100))})[0].Revision
+	if r3 <= r2 {
+		t.Fatalf("the other replica's write at %d, not after the held one at %d", r3, r2)
+	}
+	l := listOf(t, s)
+	if l.Revision >= r2 || len(l.Endpoints) != 1 || l.Endpoints[0].GetNode() != "v1" || l.EndpointRevs[0] != r1 {
+		t.Fatalf("listing with a write held at %d (another at %d landed): at %d, %v; want below %d, only the first write", r2, r3, l.Revision, l.Endpoints, r2)
+	}
+	close(release)
+	if o := <-done; !o.Landed || o.Revision != r2 {
+		t.Fatalf("held write: %+v", o)
+	}
+	s.beforeWrite = nil
+	l = listOf(t, s)
+	if l.Revision < r3 || len(l.Endpoints) != 2 {
+		t.Fatalf("after the write landed: %d endpoints at %d, want both at %d or later", len(l.Endpoints), l.Revision, r3)
+	}
+}
