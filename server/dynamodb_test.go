@@ -171,3 +171,60 @@ func TestDynamoDBOutageQueuesWrites(t *testing.T) {
 	}
 	t.Logf("%d requests refused during the outage", px.shed.Load())
 }
+
+// TestDynamoDBNodeLapseSweepsItsEndpoints: a node's lease on DynamoDB is
+// kept alive by heartbeats through either replica; once they stop, both
+// replicas drop the node after its TTL, by the same rule, and its
+// endpoints are swept (not an endpoint without a node).
+func TestDynamoDBNodeLapseSweepsItsEndpoints(t *testing.T) {
+	d := dynalite.Start(t)
+	createTable(t, d.Endpoint, "aether")
+	cfg := dynamoConfig(t, d.Endpoint, "aether")
+	ttl := 2 * time.Second
+	cfg.NodeTTL = ttl
+	a, b := regtest.Start(t, cfg), regtest.Start(t, cfg)
+	ca, cb := dial(t, a.GRPCAddr()), dial(t, b.GRPCAddr())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := ca.AnnounceNode(ctx, &registrarv1.AnnounceNodeRequest{Node: &registryv1.Node{Name: "n1"}}); err != nil {
+		t.Fatalf("announce: %v", err)
+	}
+	register(t, ca, nodeEP("web", "10.0.0.1", "n1"))
+	register(t, ca, nodeEP("web", "10.0.0.2", ""))
+	webOn := func(s *server.Server) []string {
+		eps, _, _ := s.Registrar().List([]string{"web"})
+		var ips []string
+		for _, e := range eps {
+			ips = append(ips, e.GetIp())
+		}
+		return ips
+	}
+	waitFor(t, "B to know the node and both endpoints", 10*time.Second, func() bool {
+		_, err := cb.Heartbeat(ctx, &registrarv1.HeartbeatRequest{Node: "n1"})
+		return err == nil && len(webOn(b)) == 2
+	})
+	var last time.Time
+	for end := time.Now().Add(2 * ttl); time.Now().Before(end); time.Sleep(ttl / 4) { // the heartbeat cadence under test
+		if _, err := cb.Heartbeat(ctx, &registrarv1.HeartbeatRequest{Node: "n1"}); err != nil {
+			t.Fatalf("heartbeat through B: %v", err)
+		}
+		last = time.Now()
+	}
+	for name, s := range map[string]*server.Server{"a": a, "b": b} {
+		if got := webOn(s); len(got) != 2 {
+			t.Fatalf("replica %s lost the node's endpoint while heartbeats kept coming: %v", name, got)
+		}
+	}
+	for name, s := range map[string]*server.Server{"a": a, "b": b} {
+		waitFor(t, "replica "+name+" to sweep the lapsed node's endpoint", 15*time.Second, func() bool {
+			got := webOn(s)
+			return len(got) == 1 && got[0] == "10.0.0.2"
+		})
+	}
+	if since := time.Since(last); since < ttl {
+		t.Fatalf("endpoint swept %v after the last heartbeat, before the %v TTL", since, ttl)
+	}
+	if _, err := cb.Heartbeat(ctx, &registrarv1.HeartbeatRequest{Node: "n1"}); err == nil {
+		t.Fatalf("a heartbeat after the lapse was accepted")
+	}
+}
