@@ -493,9 +493,20 @@ func (s *Store) writeOne(ctx context.Context, rev int64, p backend.Prepared, m b
 		}
 		s.report(r)
 		return nil
+	case isValidation(err):
+		// The expression is this package's and fixed, so a refusal is of
+		// this item (its size, as DynamoDB counts it): permanent, and its
+		// alone.
+		o.Err = fmt.Errorf("%w: dynamodb refused %s: %v", backend.ErrInvalidMutation, p.Key, err)
+		return nil
 	default:
 		return fmt.Errorf("write %s at revision %d: %w", p.Key, rev, unavailable(err))
 	}
+}
+
+func isValidation(err error) bool {
+	var ae smithy.APIError
+	return errors.As(err, &ae) && ae.ErrorCode() == "ValidationException"
 }
 
 // GetEndpoint reads one endpoint with a strongly consistent read.

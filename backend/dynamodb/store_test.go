@@ -544,3 +544,23 @@ func TestListingCutBelowOwnWritesInFlight(t *testing.T) {
 		t.Fatalf("after the write landed: %d endpoints at %d, want both at %d or later", len(l.Endpoints), l.Revision, r3)
 	}
 }
+
+// TestServerRefusalIsPerItem: an item the server refuses (here dynalite
+// told to allow 8 KB items, as a stand-in for any size rule the backend's
+// own check does not foresee) is refused permanently in its own outcome,
+// and its neighbours land.
+func TestServerRefusalIsPerItem(t *testing.T) {
+	cli := client(dynalite.Start(t, "--maxItemSizeKb", "8").Endpoint)
+	s := open(t, cli, newTable(t, cli, 4), Options{})
+	big := ep("refused", 1, "n1", 100)
+	big.Metadata = map[string]string{"blob": strings.Repeat("x", 10<<10)}
+	muts := []backend.Mutation{put(ep("refused", 0, "n1", 100)), put(big), put(ep("refused", 2, "n1", 100))}
+	outs, err := s.ApplyOrdered(ctxFor(t), muts)
+	if err != nil {
+		t.Fatalf("ApplyOrdered: %v", err)
+	}
+	if !outs[0].Landed || !outs[2].Landed || !errors.Is(outs[1].Err, backend.ErrInvalidMutation) {
+		t.Fatalf("outcomes %+v: want the neighbours landed and the big one refused alone", outs)
+	}
+	t.Logf("refused: %v", outs[1].Err)
+}

@@ -52,8 +52,9 @@ type Server struct {
 	stopped  atomic.Bool
 }
 
-// Start runs a dynalite for t and stops it when t ends.
-func Start(t testing.TB) *Server {
+// Start runs a dynalite for t and stops it when t ends; args are more of
+// its flags (e.g. "--maxItemSizeKb", "8").
+func Start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	bin, err := Path()
 	if err != nil {
@@ -61,7 +62,7 @@ func Start(t testing.TB) *Server {
 	}
 	var last error
 	for range 5 {
-		s, err := start(bin)
+		s, err := start(bin, args)
 		if err == nil {
 			t.Cleanup(func() {
 				select {
@@ -86,7 +87,7 @@ func Start(t testing.TB) *Server {
 	return nil
 }
 
-func start(bin string) (*Server, error) {
+func start(bin string, extra []string) (*Server, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -94,8 +95,9 @@ func start(bin string) (*Server, error) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	out := &syncBuffer{}
-	cmd := exec.Command(bin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0")
+	args := append([]string{"--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"}, extra...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = out, out
 	// Its own process group, so stopping it also stops node under npx or
 	// a shell wrapper.
