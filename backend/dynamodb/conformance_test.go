@@ -2,7 +2,6 @@ package dynamodb
 
 import (
 	"testing"
-	"time"
 
 	"github.com/aethermesh/aether/backend"
 	"github.com/aethermesh/aether/backend/backendtest"
@@ -21,7 +20,7 @@ func TestConformance(t *testing.T) {
 	cli := startDynalite(t)
 	backendtest.RunAll(t, backendtest.Factory{
 		New: func(t backendtest.T) backend.Store {
-			return open(t, cli, newTable(t, cli, 4), Options{Window: 2 * time.Second})
+			return open(t, cli, newTable(t, cli, 4), Options{})
 		},
 	})
 }

@@ -40,8 +40,17 @@ func newTable(t backendtest.T, cli *ddb.Client, shards int) string {
 	return name
 }
 
+// testWindow is the settle window of tests that do not set one: long,
+// so that a write slowed by a loaded machine (the race detector, tests in
+// parallel) is not cut off at half of it and reported unsettled to a test
+// that expects it to land in one call.
+const testWindow = 20 * time.Second
+
 func open(t backendtest.T, cli *ddb.Client, table string, opts Options) *Store {
 	t.Helper()
+	if opts.Window == 0 {
+		opts.Window = testWindow
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s, err := Open(ctx, cli, table, opts)

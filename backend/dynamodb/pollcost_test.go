@@ -36,13 +36,13 @@ func TestPollCost(t *testing.T) {
 	start := time.Now()
 	cli := startDynalite(t)
 	table := newTable(t, cli, DefaultShards)
-	w := open(t, cli, table, Options{})
+	w := open(t, cli, table, Options{Window: DefaultWindow})
 	loadStart := time.Now()
 	seed(t, cli, table, w, n)
 	t.Logf("loaded %d endpoints in %v", n, time.Since(loadStart).Round(time.Second))
 
 	var c clock
-	s := open(t, cli, table, Options{Now: c.Now})
+	s := open(t, cli, table, Options{Window: DefaultWindow, Now: c.Now})
 	row := func(what string, st PollStats) string {
 		return fmt.Sprintf("| %s | %d | %d | %d KB | %.1f | %.1f |", what, st.Requests, st.Items, st.Bytes>>10, st.Billed, st.Capacity)
 	}

@@ -243,7 +243,7 @@ func TestIncrementalPollReadsOnlyChanges(t *testing.T) {
 	w := open(t, cli, table, Options{})
 	applyAll(t, w, batchOf("poll", n, "n1", 100))
 
-	s := open(t, cli, table, Options{Window: time.Second, Now: c.Now})
+	s := open(t, cli, table, Options{Window: 10 * time.Second, Now: c.Now})
 	check := func(what string, wantFull bool, wantItems int) PollStats {
 		t.Helper()
 		l := listOf(t, s)
@@ -257,9 +257,9 @@ func TestIncrementalPollReadsOnlyChanges(t *testing.T) {
 	if first.Items < n {
 		t.Fatalf("first listing read %d items, want the whole table (%d and more)", first.Items, n)
 	}
-	c.Advance(2 * time.Second)
+	c.Advance(20 * time.Second)
 	check("the rescan a window after the first", true, -1)
-	c.Advance(2 * time.Second)
+	c.Advance(20 * time.Second)
 	idle := check("idle poll", false, 0)
 	if idle.Requests != 1+shards {
 		t.Fatalf("idle poll made %d requests, want the counter read and %d Queries", idle.Requests, shards)
@@ -284,7 +284,7 @@ func TestIncrementalPollReadsOnlyChanges(t *testing.T) {
 	if changed != 10 {
 		t.Fatalf("listing shows %d of the 10 changes", changed)
 	}
-	c.Advance(2 * time.Second)
+	c.Advance(20 * time.Second)
 	check("poll once the window has passed", false, 0)
 
 	s.ForceFullScan()
