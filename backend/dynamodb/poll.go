@@ -31,6 +31,11 @@ type entry struct {
 	lease int64  // a node record's lease
 	// leaseExp and leaseTTL are a lease item's (unix ms, ms).
 	leaseExp, leaseTTL int64
+	// ep and pep are v and pv decoded, once per version read (a poll
+	// lists every endpoint, and decoding 100k of them each time would be
+	// most of its CPU); the same value is then handed back poll after
+	// poll, as values are immutable once stored.
+	ep, pep *registryv1.ServiceEndpoint
 }
 
 func entryOf(item map[string]types.AttributeValue) entry {
@@ -330,6 +335,26 @@ func (s *Store) poll(ctx context.Context, cursor int64, st *PollStats) error {
 	return nil
 }
 
+// decoded is the endpoint of e's version at rev (its current or previous
+// one), decoded once and kept in the mirror; nil if it does not decode
+// (logged).
+func (s *Store) decoded(key string, e *entry, rev int64) *registryv1.ServiceEndpoint {
+	slot, raw := &e.ep, e.v
+	if rev != e.rev {
+		slot, raw = &e.pep, e.pv
+	}
+	if *slot == nil {
+		ep, err := registry.DecodeEndpoint(key, raw)
+		if err != nil {
+			s.log.Warn("stored endpoint does not decode", "key", key, "err", err)
+			return nil
+		}
+		*slot = ep
+		s.m.entries[key] = *e
+	}
+	return *slot
+}
+
 // cut is the mirror as of revision c: each key's version at c. ok is false
 // when a key was written twice above c (the caller polls again).
 func (s *Store) cut(c int64) (backend.Listing, bool) {
@@ -337,8 +362,10 @@ func (s *Store) cut(c int64) (backend.Listing, bool) {
 		key string
 		v   []byte
 		rev int64
+		ep  *registryv1.ServiceEndpoint
 	}
 	var eps, nodes []kv
+	var l backend.Listing
 	top := s.m.listRev
 	now := s.opts.Now().UnixMilli()
 	for key, e := range s.m.entries {
@@ -355,25 +382,24 @@ func (s *Store) cut(c int64) (backend.Listing, bool) {
 		}
 		switch {
 		case registry.IsEndpointKey(key):
-			eps = append(eps, kv{key, v, rev})
+			ep := s.decoded(key, &e, rev)
+			if ep == nil {
+				l.Skipped++
+				continue
+			}
+			eps = append(eps, kv{key, v, rev, ep})
 		case registry.IsNodeKey(key):
 			if !s.leaseLive(e.lease, now) {
 				continue // its lease ran out: gone for every replica alike
 			}
-			nodes = append(nodes, kv{key, v, rev})
+			nodes = append(nodes, kv{key, v, rev, nil})
 		}
 	}
 	sort.Slice(eps, func(i, j int) bool { return eps[i].key < eps[j].key })
 	sort.Slice(nodes, func(i, j int) bool { return nodes[i].key < nodes[j].key })
-	l := backend.Listing{Revision: max(top, 1)}
+	l.Revision = max(top, 1)
 	for _, x := range eps {
-		ep, err := registry.DecodeEndpoint(x.key, x.v)
-		if err != nil {
-			l.Skipped++
-			s.log.Warn("stored endpoint does not decode", "key", x.key, "err", err)
-			continue
-		}
-		l.Endpoints, l.EndpointRevs = append(l.Endpoints, ep), append(l.EndpointRevs, x.rev)
+		l.Endpoints, l.EndpointRevs = append(l.Endpoints, x.ep), append(l.EndpointRevs, x.rev)
 	}
 	for _, x := range nodes {
 		n, err := registry.DecodeNode(x.key, x.v)
@@ -388,4 +414,3 @@ func (s *Store) cut(c int64) (backend.Listing, bool) {
 	return l, true
 }
 
-var _ = (*registryv1.Node)(nil)

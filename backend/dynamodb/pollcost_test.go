@@ -54,9 +54,11 @@ func TestPollCost(t *testing.T) {
 	c.Advance(2 * DefaultWindow)
 	listOf(t, s) // the second scan a window after the first
 	c.Advance(2 * DefaultWindow)
+	idleStart := time.Now()
 	listOf(t, s)
+	idleTook := time.Since(idleStart)
 	idle, _ := s.LastPoll()
-	rows = append(rows, row("incremental poll, idle", idle))
+	rows = append(rows, row(fmt.Sprintf("incremental poll, idle (%v, the listing of %d included)", idleTook.Round(time.Millisecond), n), idle))
 
 	for _, every := range []time.Duration{time.Second, 5 * time.Second} {
 		ctx, cancel := context.WithCancel(context.Background())
