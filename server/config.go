@@ -173,6 +173,7 @@ func DefaultListenAddrs(tls bool) (grpcAddr, httpAddr string) {
 func DefaultConfig() Config {
 	return Config{
 		Options:               registrar.DefaultOptions(),
+		Backend:               BackendEtcd,
 		DataDir:               "./aether-data",
 		EmbeddedEtcdAddr:      "127.0.0.1:2379",
 		EmbeddedEtcdPeerAddr:  "127.0.0.1:2380",

@@ -208,6 +208,7 @@ func TestRegistrarOptions(t *testing.T) {
 		}
 		got.Logger = nil
 		want := server.Config{
+			Backend:               server.BackendEtcd,
 			EtcdEndpoints:         []string{"http://e1:2379", "http://e2:2379"},
 			DataDir:               "/var/lib/aether",
 			EmbeddedEtcdAddr:      "127.0.0.1:12379",
