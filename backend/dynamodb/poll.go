@@ -413,4 +413,3 @@ func (s *Store) cut(c int64) (backend.Listing, bool) {
 	s.report(l.Revision)
 	return l, true
 }
-
