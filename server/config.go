@@ -37,6 +37,11 @@ type Config struct {
 	DynamoDBTable    string
 	DynamoDBRegion   string
 	DynamoDBEndpoint string
+	// DynamoDBFullScanInterval is how often the poll is a full Scan, the
+	// backstop for a write the incremental poll missed (default 5m); at
+	// 100k endpoints the scans are most of the read bill
+	// (docs/benchmarks.md).
+	DynamoDBFullScanInterval time.Duration
 
 	// Serving. GRPCAddr serves the Registrar API, gRPC health and
 	// reflection; HTTPAddr serves /healthz, /readyz and /metrics. Port 0
@@ -172,17 +177,18 @@ func DefaultListenAddrs(tls bool) (grpcAddr, httpAddr string) {
 // service's: registrar.DefaultOptions, and at most 64 streams per caller).
 func DefaultConfig() Config {
 	return Config{
-		Options:               registrar.DefaultOptions(),
-		Backend:               BackendEtcd,
-		DataDir:               "./aether-data",
-		EmbeddedEtcdAddr:      "127.0.0.1:2379",
-		EmbeddedEtcdPeerAddr:  "127.0.0.1:2380",
-		GRPCAddr:              DefaultGRPCAddr,
-		HTTPAddr:              DefaultHTTPAddr,
-		ReplicationLeaseTTL:   30 * time.Second,
-		TLSReloadInterval:     10 * time.Second,
-		MaxRecvMsgSize:        4 << 20,
-		MaxStreamsPerIdentity: 64,
+		Options:                  registrar.DefaultOptions(),
+		Backend:                  BackendEtcd,
+		DynamoDBFullScanInterval: dynamoFullScanDefault,
+		DataDir:                  "./aether-data",
+		EmbeddedEtcdAddr:         "127.0.0.1:2379",
+		EmbeddedEtcdPeerAddr:     "127.0.0.1:2380",
+		GRPCAddr:                 DefaultGRPCAddr,
+		HTTPAddr:                 DefaultHTTPAddr,
+		ReplicationLeaseTTL:      30 * time.Second,
+		TLSReloadInterval:        10 * time.Second,
+		MaxRecvMsgSize:           4 << 20,
+		MaxStreamsPerIdentity:    64,
 	}
 }
 

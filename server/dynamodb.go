@@ -10,6 +10,9 @@ import (
 	dynamostore "github.com/aethermesh/aether/backend/dynamodb"
 )
 
+// dynamoFullScanDefault is --dynamodb-full-scan-interval's default.
+const dynamoFullScanDefault = dynamostore.DefaultFullScanEvery
+
 // Backend names (--backend).
 const (
 	BackendEtcd     = "etcd"
@@ -65,7 +68,10 @@ func (s *Server) loadDynamo(ctx context.Context) error {
 		where += " at " + cfg.Endpoint
 	}
 	s.startup.waitFor("checking DynamoDB " + where)
-	store, err := dynamostore.Open(ctx, cli, cfg.Table, dynamostore.Options{Logger: log.With("component", "dynamodb")})
+	store, err := dynamostore.Open(ctx, cli, cfg.Table, dynamostore.Options{
+		FullScanEvery: opts.DynamoDBFullScanInterval,
+		Logger:        log.With("component", "dynamodb"),
+	})
 	if err != nil {
 		return fmt.Errorf("--backend dynamodb: %w", err)
 	}
@@ -87,6 +93,9 @@ func (c Config) validateBackend() error {
 		}
 		return nil
 	case BackendDynamoDB:
+		if c.DynamoDBFullScanInterval < 0 {
+			return fmt.Errorf("--dynamodb-full-scan-interval must be positive")
+		}
 	default:
 		return fmt.Errorf("--backend %q: want %s or %s", c.Backend, BackendEtcd, BackendDynamoDB)
 	}

@@ -16,6 +16,7 @@ func addDynamoDBFlags(f *pflag.FlagSet, opts *server.Config) {
 	f.StringVar(&opts.DynamoDBTable, "dynamodb-table", "", "with --backend dynamodb: the table (create it with aether dynamodb create-table)")
 	f.StringVar(&opts.DynamoDBRegion, "dynamodb-region", "", "with --backend dynamodb: the AWS region; empty takes the SDK's chain (AWS_REGION, the shared config)")
 	f.StringVar(&opts.DynamoDBEndpoint, "dynamodb-endpoint", "", "with --backend dynamodb: the DynamoDB endpoint URL, for a local server (e.g. http://127.0.0.1:4567); empty is AWS's")
+	f.DurationVar(&opts.DynamoDBFullScanInterval, "dynamodb-full-scan-interval", opts.DynamoDBFullScanInterval, "with --backend dynamodb: how often a poll is a full Scan of the table, the backstop for a change the incremental poll missed (at 100k endpoints the scans are most of the read cost, see docs/benchmarks.md)")
 }
 
 func newDynamoDBCmd() *cobra.Command {

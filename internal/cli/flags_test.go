@@ -208,7 +208,6 @@ func TestRegistrarOptions(t *testing.T) {
 		}
 		got.Logger = nil
 		want := server.Config{
-			Backend:               server.BackendEtcd,
 			EtcdEndpoints:         []string{"http://e1:2379", "http://e2:2379"},
 			DataDir:               "/var/lib/aether",
 			EmbeddedEtcdAddr:      "127.0.0.1:12379",
@@ -240,6 +239,7 @@ func TestRegistrarOptions(t *testing.T) {
 				MaxEndpointsPerNode: 7,
 			},
 		}
+		want.Backend, want.DynamoDBFullScanInterval = server.BackendEtcd, 5*time.Minute // the backend flags' defaults
 		if !optionsEqual(got, want) {
 			t.Errorf("options\n got %+v\nwant %+v", got, want)
 		}

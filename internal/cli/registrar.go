@@ -149,6 +149,7 @@ var registrarZeroFlags = []string{
 	"node-ttl", "replication-lease-ttl", "tls-reload-interval",
 	"max-recv-msg-size", "max-metadata-entries", "max-metadata-bytes",
 	"max-watch-services", "max-endpoints-per-node",
+	"dynamodb-full-scan-interval",
 }
 
 // validateRegistrarOptions checks the options before anything starts, so a
