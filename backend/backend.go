@@ -3,8 +3,10 @@
 // It names what they exchange (mutations and their outcomes, listings,
 // keys-and-revisions digests, watch batches) and the errors a store reports,
 // and it says, per method, what a caller may rely on. The etcd backend
-// (package etcdstore) and the in-memory model (package backend/memory) both
-// implement it, and package backend/backendtest checks that they keep it.
+// (package etcdstore), the DynamoDB backend (package backend/dynamodb: a
+// Store with Leases, synced by polling) and the in-memory model (package
+// backend/memory) implement it, and package backend/backendtest checks
+// that they keep it.
 //
 // A store offers the core (Store) and whichever optional capabilities it
 // can: a change feed (Watcher), a cheap digest (Digester), and leases it

@@ -28,6 +28,20 @@ type Config struct {
 	DataDir              string
 	EmbeddedEtcdAddr     string
 	EmbeddedEtcdPeerAddr string
+	// Backend is the store: BackendEtcd (the default: the options above)
+	// or BackendDynamoDB (DynamoDB, below; no embedded etcd runs).
+	Backend string
+	// DynamoDB: the table (made by `aether dynamodb create-table`), and
+	// the region and endpoint where the SDK's standard chain (environment,
+	// shared config, web identity, instance metadata) does not say them.
+	DynamoDBTable    string
+	DynamoDBRegion   string
+	DynamoDBEndpoint string
+	// DynamoDBFullScanInterval is how often the poll is a full Scan, the
+	// backstop for a write the incremental poll missed (default 5m); at
+	// 100k endpoints the scans are most of the read bill
+	// (docs/benchmarks.md).
+	DynamoDBFullScanInterval time.Duration
 
 	// Serving. GRPCAddr serves the Registrar API, gRPC health and
 	// reflection; HTTPAddr serves /healthz, /readyz and /metrics. Port 0
@@ -163,16 +177,18 @@ func DefaultListenAddrs(tls bool) (grpcAddr, httpAddr string) {
 // service's: registrar.DefaultOptions, and at most 64 streams per caller).
 func DefaultConfig() Config {
 	return Config{
-		Options:               registrar.DefaultOptions(),
-		DataDir:               "./aether-data",
-		EmbeddedEtcdAddr:      "127.0.0.1:2379",
-		EmbeddedEtcdPeerAddr:  "127.0.0.1:2380",
-		GRPCAddr:              DefaultGRPCAddr,
-		HTTPAddr:              DefaultHTTPAddr,
-		ReplicationLeaseTTL:   30 * time.Second,
-		TLSReloadInterval:     10 * time.Second,
-		MaxRecvMsgSize:        4 << 20,
-		MaxStreamsPerIdentity: 64,
+		Options:                  registrar.DefaultOptions(),
+		Backend:                  BackendEtcd,
+		DynamoDBFullScanInterval: dynamoFullScanDefault,
+		DataDir:                  "./aether-data",
+		EmbeddedEtcdAddr:         "127.0.0.1:2379",
+		EmbeddedEtcdPeerAddr:     "127.0.0.1:2380",
+		GRPCAddr:                 DefaultGRPCAddr,
+		HTTPAddr:                 DefaultHTTPAddr,
+		ReplicationLeaseTTL:      30 * time.Second,
+		TLSReloadInterval:        10 * time.Second,
+		MaxRecvMsgSize:           4 << 20,
+		MaxStreamsPerIdentity:    64,
 	}
 }
 
@@ -181,6 +197,7 @@ func DefaultConfig() Config {
 // SyncMode resolves to on its backend (Launch copies back the result).
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
+	defaults.Set(&c.Backend, BackendEtcd)
 	defaults.Set(&c.DataDir, d.DataDir)
 	defaults.Set(&c.EmbeddedEtcdAddr, d.EmbeddedEtcdAddr)
 	defaults.Set(&c.EmbeddedEtcdPeerAddr, d.EmbeddedEtcdPeerAddr)
@@ -201,6 +218,9 @@ func (c Config) withDefaults() Config {
 // the replica's first (registrar.Options.Validate), then the process's.
 func (c Config) Validate() error {
 	if err := c.Options.Validate(); err != nil {
+		return err
+	}
+	if err := c.validateBackend(); err != nil {
 		return err
 	}
 	checks := []struct {

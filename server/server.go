@@ -33,6 +33,7 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/authz"
+	"github.com/aethermesh/aether/backend"
 	etcdstore "github.com/aethermesh/aether/backend/etcd"
 	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 	"github.com/aethermesh/aether/backend/etcd/replicator"
@@ -78,6 +79,8 @@ type Server struct {
 	repl     *replicator.Replicator // nil without --peer-etcd; set by load
 	replStop context.CancelFunc
 	replDone chan struct{}
+
+	dynamo *dynamoBackend // with --backend dynamodb; nil on etcd
 
 	startup  *startup
 	loadStop context.CancelFunc
@@ -152,7 +155,14 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 	// through the API before then (the gate in startup.go).
 	s.startup = newStartup(log)
 	s.backend = &startupBackend{startup: s.startup}
-	s.reg, err = registrar.New(opts.Options, s.backend)
+	var store backend.Store = s.backend
+	if opts.Backend == BackendDynamoDB {
+		// A store with fewer capabilities, so the registrar finds what it
+		// lacks (dynamodb.go).
+		s.dynamo = &dynamoBackend{startup: s.startup, log: log}
+		store = s.dynamo
+	}
+	s.reg, err = registrar.New(opts.Options, store)
 	if err != nil {
 		return nil, err
 	}
@@ -349,6 +359,9 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 // does the server report ready.
 func (s *Server) load(ctx context.Context, etcdCfg clientv3.Config, peers []replicator.Peer, peerClient func(replicator.Peer) (*clientv3.Client, error)) error {
 	opts, log := s.opts, s.opts.Logger
+	if s.dynamo != nil {
+		return s.loadDynamo(ctx)
+	}
 	endpoints := opts.EtcdEndpoints
 	if len(endpoints) == 0 {
 		dir := filepath.Join(opts.DataDir, "etcd")
@@ -424,6 +437,14 @@ func (s *Server) load(ctx context.Context, etcdCfg clientv3.Config, peers []repl
 		}()
 		log.Info("multi-region replication configured", "peers", len(peers), "lease_ttl", opts.ReplicationLeaseTTL)
 	}
+	s.serving()
+	return nil
+}
+
+// serving is the end of a load, on any backend: the snapshot is loaded,
+// so xDS starts and the server reports ready.
+func (s *Server) serving() {
+	opts, log := s.opts, s.opts.Logger
 	if s.xds != nil {
 		// The feed subscribes to the replica, which refuses until its
 		// snapshot is loaded; clients connected meanwhile wait for the
@@ -434,8 +455,7 @@ func (s *Server) load(ctx context.Context, etcdCfg clientv3.Config, peers []repl
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(registrarv1.Registrar_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	log.Info("registrar serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(),
-		"cluster", opts.ClusterName, "region", opts.Region, "tls", opts.TLSEnabled(), "mtls", opts.AuthzEnabled())
-	return nil
+		"cluster", opts.ClusterName, "region", opts.Region, "backend", opts.Backend, "tls", opts.TLSEnabled(), "mtls", opts.AuthzEnabled())
 }
 
 // serveXDS serves xDS on its own listener and gRPC server: xDS clients

@@ -31,6 +31,13 @@ func (s *Server) serveConsole(mux *http.ServeMux) {
 			return out
 		},
 		Backend: func() (string, []string) {
+			if opts.Backend == BackendDynamoDB {
+				where := opts.DynamoDBTable
+				if opts.DynamoDBEndpoint != "" {
+					where += " at " + opts.DynamoDBEndpoint
+				}
+				return "dynamodb", []string{where}
+			}
 			if len(opts.EtcdEndpoints) > 0 {
 				return "etcd", opts.EtcdEndpoints
 			}

@@ -239,6 +239,7 @@ func TestRegistrarOptions(t *testing.T) {
 				MaxEndpointsPerNode: 7,
 			},
 		}
+		want.Backend, want.DynamoDBFullScanInterval = server.BackendEtcd, 5*time.Minute // the backend flags' defaults
 		if !optionsEqual(got, want) {
 			t.Errorf("options\n got %+v\nwant %+v", got, want)
 		}
