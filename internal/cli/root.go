@@ -82,6 +82,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newXDSCmd(),
 		newEdgeCmd(d),
 		newStatusCmd(),
+		newInspectCmd(),
 	)
 	documentEnv(root)
 	return root
