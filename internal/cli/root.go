@@ -84,6 +84,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newStatusCmd(),
 		newInspectCmd(),
 	)
+	setupCompletion(root)
 	documentEnv(root)
 	return root
 }
