@@ -247,3 +247,34 @@ func TestInspectErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestInspectOverTLS: the etcd TLS flags (and their AETHER_ETCD_*
+// variables) reach an etcd that requires client certificates; without
+// one the error points at the flags. The key is in the legacy schema,
+// which inspect decodes too.
+func TestInspectOverTLS(t *testing.T) {
+	t.Parallel()
+	e := startTLSEtcd(t)
+	ep := &registryv1.ServiceEndpoint{Service: "pay", Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: "10.0.0.1", Region: "eu", Cluster: "c1",
+		Ports: []*registryv1.Port{{Name: "http", Port: 80}}}
+	b, err := registry.EncodeEndpoint(ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const legacy = "/aether/services/pay/protocols/http1/endpoints/10.0.0.1"
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := e.admin.Put(ctx, legacy, string(b)); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"AETHER_ETCD_CACERT": e.ca, "AETHER_ETCD_CERT": e.cert, "AETHER_ETCD_KEY": e.key}
+	res := runCLI(t, nil, env, "inspect", "--etcd-endpoints", e.endpoint)
+	if res.err != nil || !strings.Contains(res.stdout, "1 keys (1 legacy)") || !strings.Contains(res.stdout, "legacy schema (aether migrate --from-legacy): pay 10.0.0.1 (http) http:80") {
+		t.Fatalf("inspect over TLS: %v\n%s", res.err, res.stdout)
+	}
+	res = runCLI(t, nil, nil, "inspect", "--etcd-endpoints", e.endpoint, "--etcd-cacert", e.ca, "--timeout", "2s")
+	t.Logf("without a client certificate: %v", res.err)
+	if res.err == nil || !strings.Contains(res.err.Error(), "--etcd-cert") {
+		t.Fatalf("inspect without a client certificate: %v\n%s", res.err, res.stdout)
+	}
+}
