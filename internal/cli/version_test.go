@@ -130,7 +130,10 @@ func TestVersionOfBuiltBinary(t *testing.T) {
 	run(src, gitEnv, git, "commit", "-q", "-m", "snapshot")
 	head := strings.TrimSpace(run(src, gitEnv, git, "rev-parse", "HEAD"))
 
-	goTool := filepath.Join(runtime.GOROOT(), "bin", "go")
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("go not found: %v", err)
+	}
 	// GOFLAGS may say -buildvcs=false (this machine's does); a user's
 	// build stamps, so the test does.
 	build := func(bin string, ldflags string) buildVersion {
