@@ -736,8 +736,8 @@ func printEdgeVersion(w io.Writer) {
 // edgeGitSHA is the VCS revision of this build, as etcd prints its own
 // ("Not provided (use ./build instead of go build)" when unknown).
 func edgeGitSHA() string {
-	if v := versionString(); strings.HasPrefix(v, "devel-") {
-		return strings.TrimPrefix(v, "devel-")
+	if c := currentVersion().Commit; c != "" {
+		return c[:min(len(c), 12)]
 	}
 	return "Not provided"
 }

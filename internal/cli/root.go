@@ -83,7 +83,9 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newEdgeCmd(d),
 		newStatusCmd(),
 		newDynamoDBCmd(),
+		newInspectCmd(),
 	)
+	setupCompletion(root)
 	documentEnv(root)
 	return root
 }
