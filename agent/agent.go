@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"slices"
 	"sort"
@@ -52,6 +54,11 @@ type Config struct {
 	// XDSLinger is how long a service no xDS client names any more stays
 	// in the agent's subscription (default DefaultXDSLinger).
 	XDSLinger time.Duration
+	// XDSTLS, if set, makes XDSAddr serve TLS with it (ClientAuth
+	// RequireAndVerifyClientCert for mutual TLS); nil serves plaintext,
+	// which is meant for a loopback XDSAddr: on any other address the
+	// agent warns at start.
+	XDSTLS *tls.Config
 
 	// DialOptions for the registrar connections, as client.Config's: nil
 	// means plaintext.
@@ -124,14 +131,17 @@ func New(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	ccfg := client.Config{
-		Addrs:       cfg.Registrars,
-		Region:      cfg.Region,
-		Cluster:     cfg.Cluster,
-		Node:        cfg.Node,
-		Services:    a.services(),
-		DialOptions: cfg.DialOptions,
-		Registerer:  cfg.Registerer,
-		Logger:      cfg.Logger,
+		Addrs:    cfg.Registrars,
+		Region:   cfg.Region,
+		Cluster:  cfg.Cluster,
+		Node:     cfg.Node,
+		Services: a.services(),
+		// Exactly its own services and its proxies' (xDS demand), even
+		// when that is none: an agent never watches the whole mesh.
+		OnlySubscribed: true,
+		DialOptions:    cfg.DialOptions,
+		Registerer:     cfg.Registerer,
+		Logger:         cfg.Logger,
 	}
 	if cfg.XDSAddr != "" {
 		if a.xds, err = newXDSPlane(cfg, a.ownService); err != nil {
@@ -190,9 +200,19 @@ func (a *Agent) XDSAddr() string {
 }
 
 // Watched are the services the agent's cache watches (its client's
-// Services): its own, and with XDSAddr those its proxies ask for; nil when
-// it watches all (an agent with no endpoints of its own).
+// Services), sorted: its own, and with XDSAddr those its proxies ask for.
+// Empty when it has neither: then it holds no registrar stream at all.
 func (a *Agent) Watched() []string { return a.cli.Services() }
+
+// XDSStatusHandler serves the status of the agent's xDS clients as JSON
+// (xds.StatusDocument, what `aether xds status` reads from /xds/status),
+// the same document a registrar serves; nil without Config.XDSAddr.
+func (a *Agent) XDSStatusHandler() http.Handler {
+	if a.xds == nil {
+		return nil
+	}
+	return a.xds.srv.StatusHandler()
+}
 
 // ownService says whether the agent registers (or still drains) an
 // endpoint of service: such a service stays subscribed whatever xDS asks.

@@ -2,7 +2,7 @@ package agent
 
 import (
 	"context"
-	"errors"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/client"
@@ -37,7 +39,10 @@ const DefaultXDSLinger = 30 * time.Second
 // or restarts finds its services still cached. A service never leaves
 // while the client is not connected to a registrar (it could not be
 // fetched back), nor when the agent registers endpoints of it (the
-// agent's own services are its subscription for its own sake).
+// agent's own services are its subscription for its own sake). The
+// client is OnlySubscribed: an agent with no endpoints of its own and no
+// proxy asking holds no registrar stream, and the last service leaving
+// ends the stream, so the subscription is never "all services".
 type xdsPlane struct {
 	log    *slog.Logger
 	linger time.Duration
@@ -45,6 +50,7 @@ type xdsPlane struct {
 	cli    *client.Client // set by New once the client exists
 	srv    *xds.Server
 	lis    net.Listener
+	tls    *tls.Config // nil: plaintext
 	g      *grpc.Server
 
 	qmu  sync.Mutex
@@ -63,7 +69,7 @@ type xdsPlane struct {
 
 func newXDSPlane(cfg Config, own func(string) bool) (*xdsPlane, error) {
 	x := &xdsPlane{
-		log: cfg.Logger.With("component", "agent-xds"), linger: cfg.XDSLinger, own: own,
+		log: cfg.Logger.With("component", "agent-xds"), linger: cfg.XDSLinger, own: own, tls: cfg.XDSTLS,
 		kick: make(chan struct{}, 1), idle: map[string]time.Time{}, lkick: make(chan struct{}, 1),
 	}
 	srv, err := xds.New(xds.Config{
@@ -84,7 +90,25 @@ func newXDSPlane(cfg Config, own func(string) bool) (*xdsPlane, error) {
 		srv.Close()
 		return nil, fmt.Errorf("--xds-addr %s: %w (choose a free address; loopback keeps it to the node's proxies)", cfg.XDSAddr, err)
 	}
+	if x.tls == nil && !loopback(x.lis.Addr()) {
+		// As the registrar does for a plaintext port: allowed (a lab, a
+		// pod network the operator trusts), but never silently.
+		x.log.Warn("PLAINTEXT xDS on a non-loopback address: any host that reaches it reads the endpoints of the services it asks for, and nothing authenticates this agent to the proxies; serve TLS (--xds-tls-cert/--xds-tls-key, with --xds-tls-client-ca for mutual TLS) or listen on loopback",
+			"addr", x.lis.Addr().String())
+	}
 	return x, nil
+}
+
+// loopback reports whether a is a loopback address (an unspecified one,
+// ":15010", listens on every interface and is not).
+func loopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
+}
+
+// mutual reports whether the xDS port requires client certificates.
+func (x *xdsPlane) mutual() bool {
+	return x.tls != nil && x.tls.ClientAuth == tls.RequireAndVerifyClientCert
 }
 
 // onChange is the client's OnChange.
@@ -113,7 +137,17 @@ func (x *xdsPlane) wake(ch chan struct{}) {
 func (x *xdsPlane) start() {
 	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel = cancel
-	x.g = grpc.NewServer()
+	// Keepalive as on the registrar's xDS port: pings every 5s are
+	// allowed (proxies keep idle ADS streams alive), and a proxy gone
+	// without a FIN is found within 40s, its stream (and demand) closed.
+	opts := []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	}
+	if x.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(x.tls)))
+	}
+	x.g = grpc.NewServer(opts...)
 	x.srv.Register(x.g)
 	x.wg.Add(4)
 	go func() {
@@ -132,7 +166,7 @@ func (x *xdsPlane) start() {
 			x.wake(x.kick)
 		}
 	}()
-	x.log.Info("serving xDS from the agent's cache", "addr", x.lis.Addr().String())
+	x.log.Info("serving xDS from the agent's cache", "addr", x.lis.Addr().String(), "tls", x.tls != nil, "mtls", x.mutual())
 }
 
 // stop ends the streams and the grpc.Server, then joins the loops.
@@ -168,7 +202,7 @@ func (x *xdsPlane) Want(service string) {
 	x.dmu.Lock()
 	defer x.dmu.Unlock()
 	delete(x.idle, service)
-	if err := x.cli.Subscribe(service); err != nil && !errors.Is(err, client.ErrWatchingAll) {
+	if err := x.cli.Subscribe(service); err != nil {
 		x.log.Warn("xds: cannot subscribe to a service a proxy asks for", "service", service, "err", err)
 	}
 }
@@ -219,7 +253,7 @@ func (x *xdsPlane) sweep(now time.Time) time.Duration {
 		if x.own(svc) {
 			continue
 		}
-		if err := x.cli.Unsubscribe(svc); err != nil && !errors.Is(err, client.ErrWatchingAll) {
+		if err := x.cli.Unsubscribe(svc); err != nil {
 			x.log.Debug("xds: unsubscribe", "service", svc, "err", err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,9 +32,31 @@ type XDSFanoutConfig struct {
 	Conns     int           `json:"conns"`        // gRPC connections the streams share
 }
 
+// fanPath is one delivery path of the fan-out comparison.
+type fanPath int
+
+const (
+	pathSotW   fanPath = iota // ADS, state of the world, EDS
+	pathDelta                 // ADS, delta (incremental), EDS
+	pathNative                // WatchEndpoints
+)
+
+func (p fanPath) String() string {
+	switch p {
+	case pathSotW:
+		return "xds (ADS, EDS, state of the world)"
+	case pathDelta:
+		return "xds (ADS, EDS, delta)"
+	}
+	return "native (WatchEndpoints)"
+}
+
+// tag names the path in profile file names.
+func (p fanPath) tag() string { return [...]string{"sotw", "delta", "native"}[p] }
+
 // XDSFanoutPath is one delivery path's figures.
 type XDSFanoutPath struct {
-	Path    string `json:"path"` // "xds (ADS, EDS)" or "native (WatchEndpoints)"
+	Path    string `json:"path"`
 	Changes int    `json:"changes"`
 	// RatePerSec is the registrations per second achieved: the writer
 	// waits for each RegisterEndpoint, so a saturated registrar slows it.
@@ -50,43 +73,89 @@ type XDSFanoutPath struct {
 	// DiscoveryResponses; native: events), beside Expected, the
 	// deliveries that had news for the stream.
 	Messages int64 `json:"messages"`
+	// SetupSec is from the first stream opening to every stream holding
+	// its first answer.
+	SetupSec float64 `json:"setup_sec"`
+	// LoadAvg is the machine's 1-minute load average as the churn began:
+	// the machine's 2 cores may be shared with other work, which the
+	// figures then include.
+	LoadAvg float64 `json:"loadavg_1m"`
+	// Error is why the path did not complete at this size (then its
+	// figures are not to be read), or why it was not run.
+	Error string `json:"error,omitempty"`
 }
 
-// XDSFanoutResult compares xDS with the native stream at one size.
+// cpuPerChange is the registrar's CPU milliseconds per registration.
+func (p XDSFanoutPath) cpuPerChange() float64 { return 1000 * p.CPUCores / max(p.RatePerSec, 1e-9) }
+
+// XDSFanoutResult compares xDS (both protocol variants) with the native
+// stream at one size.
 type XDSFanoutResult struct {
 	Config XDSFanoutConfig `json:"config"`
 	XDS    XDSFanoutPath   `json:"xds"`
+	Delta  XDSFanoutPath   `json:"xds_delta"`
 	Native XDSFanoutPath   `json:"native"`
+}
+
+func (r *XDSFanoutResult) path(p fanPath) *XDSFanoutPath {
+	switch p {
+	case pathSotW:
+		return &r.XDS
+	case pathDelta:
+		return &r.Delta
+	}
+	return &r.Native
 }
 
 // xdsFanIP is the k-th churned endpoint's IP, apart from the preload's.
 func xdsFanIP(k int) string { return benchIP(500000 + k) }
 
-// XDSFanout runs the same churn twice, each time in a fresh world (an etcd
-// process and one registrar process serving xDS, so the registrar's CPU
-// and memory are its own, read from /proc): once with cfg.Clients raw ADS
-// streams each subscribing to the EDS of cfg.PerClient services, once with
-// as many WatchEndpoints streams on the same services. A delivery is a
+// XDSFanout runs the same churn once per size and path, each time in a
+// fresh world (an etcd process and one registrar process serving xDS, so
+// the registrar's CPU and memory are its own, read from /proc): with
+// cfg.Clients raw ADS streams each subscribing to the EDS of
+// cfg.PerClient services, state of the world, then delta, then with as
+// many WatchEndpoints streams on the same services. A delivery is a
 // stream's first sight of a registered endpoint; its latency runs from
-// just before the RegisterEndpoint call.
-func XDSFanout(ctx context.Context, cfg XDSFanoutConfig, exe string, w io.Writer) (XDSFanoutResult, error) {
-	res := XDSFanoutResult{Config: cfg}
+// just before the RegisterEndpoint call. A path that fails at one size
+// (its streams could not all be set up, a stream failed, deliveries were
+// missing) records why, and is not run at the larger sizes that follow:
+// what fits on the machine is measured, and what did not is said.
+func XDSFanout(ctx context.Context, sizes []XDSFanoutConfig, exe string, w io.Writer) ([]XDSFanoutResult, error) {
 	b, err := fanoutBins(ctx, exe, w)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
-	for _, native := range []bool{false, true} {
-		p, err := xdsFanoutPath(ctx, cfg, b, native)
-		if err != nil {
-			return res, fmt.Errorf("%s: %w", p.Path, err)
+	failed := map[fanPath]string{}
+	var out []XDSFanoutResult
+	for _, cfg := range sizes {
+		res := XDSFanoutResult{Config: cfg}
+		for _, path := range []fanPath{pathSotW, pathDelta, pathNative} {
+			if why, ok := failed[path]; ok {
+				*res.path(path) = XDSFanoutPath{Path: path.String(), Error: "not run: " + why}
+				continue
+			}
+			fmt.Fprintf(w, "  %d streams, %s...\n", cfg.Clients, path)
+			p, err := xdsFanoutPath(ctx, cfg, b, path)
+			if ctx.Err() != nil {
+				return out, ctx.Err()
+			}
+			if err == nil && p.Delivered < p.Expected {
+				err = fmt.Errorf("%d of %d deliveries missing 10s after the churn", p.Expected-p.Delivered, p.Expected)
+			}
+			if err != nil {
+				p.Error = err.Error()
+				failed[path] = fmt.Sprintf("failed at %d streams", cfg.Clients)
+				fmt.Fprintf(w, "    failed: %v\n", err)
+			} else {
+				fmt.Fprintf(w, "    %.0f registrations/s, %d messages, %d/%d deliveries, p50 %.2f ms, p99 %.2f ms, registrar %.2f cores (%.2f ms per registration), peak RSS %.0f MiB, harness %.2f cores, setup %.1fs\n",
+					p.RatePerSec, p.Messages, p.Delivered, p.Expected, p.Latency.P50, p.Latency.P99, p.CPUCores, p.cpuPerChange(), p.PeakRSSMiB, p.HarnessCores, p.SetupSec)
+			}
+			*res.path(path) = p
 		}
-		if native {
-			res.Native = p
-		} else {
-			res.XDS = p
-		}
+		out = append(out, res)
 	}
-	return res, nil
+	return out, nil
 }
 
 // subsOf is which services stream i subscribes to: PerClient of them,
@@ -107,11 +176,13 @@ type fanStream struct {
 	last map[string][]byte // xDS: the last CLA bytes per resource, to skip unchanged ones
 }
 
-func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, native bool) (p XDSFanoutPath, err error) {
-	p.Path = "xds (ADS, EDS)"
-	if native {
-		p.Path = "native (WatchEndpoints)"
-	}
+// xdsSetupTimeout bounds the streams' setup: past it, the size does not
+// fit on the machine.
+const xdsSetupTimeout = 3 * time.Minute
+
+func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, path fanPath) (p XDSFanoutPath, err error) {
+	p.Path = path.String()
+	native := path == pathNative
 	etcd, err := startEtcdProc(ctx, b.etcd)
 	if err != nil {
 		return p, err
@@ -141,11 +212,10 @@ func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, native bool
 			Ports: []*registryv1.Port{{Name: "grpc", Port: 8080}}, Node: benchNode(i)}
 	}
 	// Every service has endpoints before the streams subscribe, so each
-	// stream's first answer is a real snapshot.
-	for s := range cfg.Services {
-		if _, err := writer.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: ep(s, s, benchIP(s))}); err != nil {
-			return p, fmt.Errorf("preload: %w", err)
-		}
+	// stream's first answer is a real snapshot. A few writers at once: the
+	// registrar batches them into etcd.
+	if err := preloadServices(ctx, writer, cfg.Services, func(s int) *registryv1.ServiceEndpoint { return ep(s, s, benchIP(s)) }); err != nil {
+		return p, err
 	}
 	target := reg.grpcAddr
 	if !native {
@@ -183,6 +253,7 @@ func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, native bool
 	defer func() { cancel(); wg.Wait() }()
 	var synced sync.WaitGroup
 	errs := make(chan error, cfg.Clients)
+	setupStart := time.Now()
 	for i := range cfg.Clients {
 		subs := cfg.subsOf(i)
 		names := make([]string, len(subs))
@@ -198,9 +269,12 @@ func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, native bool
 			once := sync.OnceFunc(synced.Done)
 			defer once()
 			var err error
-			if native {
+			switch path {
+			case pathNative:
 				err = nativeFanStream(sctx, cc, names, st, deliver, once)
-			} else {
+			case pathDelta:
+				err = deltaFanStream(sctx, cc, fmt.Sprintf("fx-client-%d", i), names, st, deliver, once)
+			default:
 				err = xdsFanStream(sctx, cc, fmt.Sprintf("fx-client-%d", i), names, st, deliver, once)
 			}
 			if err != nil && sctx.Err() == nil {
@@ -208,11 +282,27 @@ func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, native bool
 			}
 		}()
 	}
-	synced.Wait()
+	allSynced := make(chan struct{})
+	go func() { synced.Wait(); close(allSynced) }()
+	select {
+	case <-allSynced:
+	case err := <-errs:
+		return p, fmt.Errorf("setting up the streams: %w", err)
+	case <-time.After(xdsSetupTimeout):
+		return p, fmt.Errorf("the %d streams were not all set up in %v", cfg.Clients, xdsSetupTimeout)
+	case <-ctx.Done():
+		return p, ctx.Err()
+	}
+	p.SetupSec = time.Since(setupStart).Seconds()
 	select {
 	case err := <-errs:
 		return p, err
 	default:
+	}
+	// The setup's garbage (every stream's first answer) is collected
+	// before the churn, not during it.
+	if err := settle(ctx, 2*time.Second); err != nil {
+		return p, err
 	}
 
 	subscribers := make([]int64, cfg.Services)
@@ -226,6 +316,11 @@ func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, native bool
 		return p, err
 	}
 	self0, msgs0 := selfStats(), msgs.Load()
+	p.LoadAvg = loadAvg()
+	// With $AETHER_BENCH_PROFILE, CPU profiles of the registrar and of the
+	// harness over the churn (the registrar runs with --enable-pprof then).
+	prof := startProfiles(ctx, fmt.Sprintf("xds-%d-%s", cfg.Clients, path.tag()),
+		0, cfg.Duration, map[string]string{"registrar": "http://" + reg.httpAddr})
 	start := time.Now()
 	t := time.NewTicker(time.Second / time.Duration(cfg.Rate))
 	for k := 0; time.Since(start) < cfg.Duration; k++ {
@@ -243,6 +338,7 @@ func xdsFanoutPath(ctx context.Context, cfg XDSFanoutConfig, b bins, native bool
 	}
 	t.Stop()
 	elapsed := time.Since(start)
+	prof.stop(io.Discard)
 	waitDeliveries(ctx, 10*time.Second, func() bool { return delivered.Load() >= p.Expected })
 	after, err := reg.stats()
 	if err != nil {
@@ -327,4 +423,75 @@ func nativeFanStream(ctx context.Context, cc *grpc.ClientConn, names []string, s
 			deliver(st, ev.GetEndpoint().GetIp(), time.Now())
 		}
 	}
+}
+
+// deltaFanStream is one raw delta ADS stream subscribed to the EDS of
+// names: every response carries only the resources that changed (by
+// their hash), each decoded for its endpoints, and is ACKed by its nonce.
+func deltaFanStream(ctx context.Context, cc *grpc.ClientConn, node string, names []string, st *fanStream, deliver func(*fanStream, string, time.Time), synced func()) error {
+	stream, err := discoverygrpc.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{Node: &corev3.Node{Id: node}, TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: names}); err != nil {
+		return err
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		st.msgs.Add(1)
+		for _, r := range resp.GetResources() {
+			var cla endpointv3.ClusterLoadAssignment
+			if err := proto.Unmarshal(r.GetResource().GetValue(), &cla); err != nil {
+				return err
+			}
+			for _, le := range cla.GetEndpoints() {
+				for _, lb := range le.GetLbEndpoints() {
+					deliver(st, lb.GetEndpoint().GetAddress().GetSocketAddress().GetAddress(), now)
+				}
+			}
+		}
+		synced()
+		if err := stream.Send(&discoverygrpc.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()}); err != nil {
+			return err
+		}
+	}
+}
+
+// preloadServices registers one endpoint per service, from a few writers
+// at once.
+func preloadServices(ctx context.Context, writer registrarv1.RegistrarClient, services int, ep func(s int) *registryv1.ServiceEndpoint) error {
+	const writers = 8
+	errs := make(chan error, writers)
+	var wg sync.WaitGroup
+	for wi := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := wi; s < services; s += writers {
+				if _, err := writer.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: ep(s)}); err != nil {
+					errs <- fmt.Errorf("preload: %w", err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs // nil when none failed
+}
+
+// loadAvg is the 1-minute load average from /proc/loadavg (0 where there
+// is none).
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	var l float64
+	fmt.Sscan(string(b), &l)
+	return l
 }

@@ -95,6 +95,9 @@ func New(cfg Config) (*Client, error) {
 		syncKick:  make(chan struct{}, 1),
 	}
 	c.st.node = cfg.Node
+	if cfg.OnlySubscribed {
+		c.st.all = false // an empty Services is nothing, not everything
+	}
 	c.st.reassertDelay = c.backoff
 	// An endpoint re-asserted again within this long is being fought over
 	// or keeps being dropped; past it, a loss is a new incident.
@@ -254,8 +257,9 @@ func (c *Client) Subscribe(services ...string) error {
 // Unsubscribe removes services from the watched set, on the live stream.
 // They leave the cache at once and OnChange gets a REMOVED for each of their
 // endpoints, so a consumer mirroring OnChange stays equal to the cache.
-// Unsubscribing every service is an error: an empty set would mean "all"
-// on the wire.
+// Unsubscribing every service is an error, as an empty set would mean
+// "all" on the wire, unless the client is Config.OnlySubscribed: then it
+// ends the stream.
 func (c *Client) Unsubscribe(services ...string) error {
 	if err := c.checkServices(services); err != nil {
 		return fmt.Errorf("client: unsubscribe: %w", err)
@@ -267,7 +271,7 @@ func (c *Client) Unsubscribe(services ...string) error {
 			left++
 		}
 	}
-	if left == 0 {
+	if left == 0 && !c.cfg.OnlySubscribed {
 		c.mu.Unlock()
 		return errors.New("client: unsubscribe: a client must keep at least one service (an empty list means all services); Close it instead")
 	}
@@ -301,7 +305,7 @@ func (c *Client) Services() []string {
 	if v.all {
 		return nil
 	}
-	return slices.Clone(v.wanted)
+	return append([]string{}, v.wanted...) // empty, not nil: nothing, not all
 }
 
 // WaitSynced waits until the first snapshot has been applied, so reads are
@@ -327,7 +331,9 @@ func (c *Client) CacheAge() time.Duration {
 	return 0
 }
 
-// Connected reports whether the stream is connected and synced.
+// Connected reports whether the stream is connected and synced; for an
+// OnlySubscribed client that wants no service, which needs no stream,
+// whether it has nothing to fetch.
 func (c *Client) Connected() bool { return c.staleSince.Load() == nil }
 
 // Close stops the stream and the writer and closes the connections. It does

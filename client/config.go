@@ -45,8 +45,19 @@ type Config struct {
 	Node string
 
 	// Services to watch. Empty means all services, for the client's whole
-	// life: such a client cannot Subscribe or Unsubscribe.
+	// life: such a client cannot Subscribe or Unsubscribe (unless
+	// OnlySubscribed).
 	Services []string
+
+	// OnlySubscribed makes the client watch exactly Services and what
+	// Subscribe adds since, even when that is nothing: with no service
+	// wanted it keeps no stream open (on the wire an empty service list
+	// means all services), its empty cache counts as synced, and it opens
+	// a stream at the first Subscribe. Unsubscribe may then remove the
+	// last service, which ends the stream. For an agent whose
+	// subscription is driven by demand (its proxies' xDS requests) and
+	// which must never watch the whole mesh for want of a service.
+	OnlySubscribed bool
 
 	// DialOptions for every registrar connection. Nil means plaintext
 	// (insecure transport credentials); a non-nil list replaces that

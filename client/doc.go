@@ -94,7 +94,9 @@
 //   - A client watches either all services (Config.Services empty) or a
 //     non-empty set of services; the set can change at run time, on the live
 //     stream, but never to "all" or to nothing, because an empty service
-//     list means "all" on the wire.
+//     list means "all" on the wire. With Config.OnlySubscribed the set may
+//     be empty: the client then holds no stream at all until a service is
+//     subscribed, and ends its stream when the last one is unsubscribed.
 //
 // Nothing here is global: metrics go to the Config's Registerer, logs to its
 // Logger, and several clients can live in one process.

@@ -33,12 +33,26 @@ func (c *Client) runStream(ctx context.Context) {
 	defer c.wg.Done()
 	n := uint32(len(c.cfg.Addrs))
 	attempt := 0
-	for i := 0; ; i++ {
-		if i > 0 {
+	reconnect := false
+	for {
+		if c.waitWanted(ctx) {
+			reconnect = false // a first stream for new services, not a reconnect
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if reconnect {
 			c.metrics.reconnects.Inc()
 		}
+		reconnect = true
 		idx := c.addr.Load() % n
 		synced, err := c.session(ctx, int(idx))
+		if errors.Is(err, errIdle) && ctx.Err() == nil {
+			// The last service was unsubscribed: no failure, so no
+			// backoff and no move to another registrar.
+			attempt = 0
+			continue
+		}
 		c.markStale()
 		if ctx.Err() != nil {
 			return
@@ -72,6 +86,36 @@ func (c *Client) runStream(ctx context.Context) {
 	}
 }
 
+// errIdle ends a session of an OnlySubscribed client that wants no service
+// any more: its stream would mean all services on the wire.
+var errIdle = errors.New("no service is wanted")
+
+// waitWanted returns at once while the client wants some service (or all
+// of them). An OnlySubscribed client that wants none holds no stream: its
+// empty cache is complete, so it counts as synced, and it waits until
+// Subscribe adds a service or ctx ends. It reports whether it waited.
+func (c *Client) waitWanted(ctx context.Context) bool {
+	waited := false
+	for {
+		c.mu.Lock()
+		idle := !c.st.all && len(c.st.wanted) == 0
+		c.mu.Unlock()
+		if !idle {
+			return waited
+		}
+		if !waited {
+			c.log.Debug("no service wanted: no registrar stream until one is subscribed")
+			c.markSynced()
+		}
+		waited = true
+		select {
+		case <-ctx.Done():
+			return waited
+		case <-c.subKick:
+		}
+	}
+}
+
 // session is one stream's bookkeeping.
 type session struct {
 	covered []string // !all: the services a FULL_SNAPSHOT on this stream stands for
@@ -97,13 +141,16 @@ func (c *Client) session(ctx context.Context, idx int) (bool, error) {
 	var recv sync.WaitGroup
 	defer func() { cancel(); recv.Wait() }()
 
+	c.mu.Lock()
+	start, add, covered, sent := c.st.startRequest(&c.cfg)
+	c.mu.Unlock()
+	if !c.st.all && len(sent) == 0 {
+		return false, errIdle // unsubscribed since waitWanted
+	}
 	stream, err := c.rpc[idx].Subscribe(sctx)
 	if err != nil {
 		return false, fmt.Errorf("opening a Subscribe stream to %s: %w", addr, err)
 	}
-	c.mu.Lock()
-	start, add, covered, sent := c.st.startRequest(&c.cfg)
-	c.mu.Unlock()
 	sess := &session{covered: covered, sent: sent}
 	if err := send(stream, &registrarv1.SubscribeRequest{Request: &registrarv1.SubscribeRequest_Start{Start: start}}); err != nil {
 		return false, fmt.Errorf("starting the stream at %s: %w", addr, err)
@@ -194,6 +241,9 @@ func (c *Client) updateSubscriptions(stream subscribeStream, sess *session) erro
 	c.mu.Lock()
 	wanted := sortedKeys(c.st.wanted)
 	c.mu.Unlock()
+	if len(wanted) == 0 && !c.st.all {
+		return errIdle // removing the last service would leave "all" on the wire
+	}
 	var add, remove []string
 	for _, svc := range wanted {
 		if !slices.Contains(sess.sent, svc) {

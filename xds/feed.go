@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -12,8 +13,11 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -29,8 +33,8 @@ type Source interface {
 	Subscribe(services []string, fromVersion string) (*replica.Subscription, error)
 }
 
-// DefaultMaxLocalities bounds the consumer localities the feed keeps a
-// snapshot for (see FeedConfig.MaxLocalities).
+// DefaultMaxLocalities bounds the consumer localities the feed keeps an
+// EDS cache for (see FeedConfig.MaxLocalities).
 const DefaultMaxLocalities = 64
 
 // FeedConfig configures a Feed.
@@ -42,10 +46,10 @@ type FeedConfig struct {
 	// Own is the locality of a node that sends none in its xDS Node
 	// (neither region nor zone): the locality of the process serving it.
 	Own Locality
-	// MaxLocalities bounds the snapshots kept, one per consumer locality:
+	// MaxLocalities bounds the EDS caches kept, one per consumer locality:
 	// a node's locality is what it claims, so without a bound any client
-	// could make the feed build and keep snapshots without end. A node of
-	// a locality beyond the bound is served the snapshot of Own (and a
+	// could make the feed build and keep caches without end. A node of
+	// a locality beyond the bound is served the cache of Own (and a
 	// warning is logged once per locality). Zero means
 	// DefaultMaxLocalities.
 	MaxLocalities int
@@ -58,64 +62,100 @@ type FeedConfig struct {
 	metrics *metrics
 }
 
-// Feed keeps a go-control-plane SnapshotCache current from an in-process
-// subscription to all services.
+// Feed keeps go-control-plane LinearCaches current from an in-process
+// subscription to all services: one cache each for the Listeners, the
+// RouteConfigurations and the Clusters (their contents are functions of
+// a target's name, the same for every consumer), and one cache of
+// ClusterLoadAssignments per consumer locality (the priorities are
+// relative to the consumer). Cache (feedCache) dispatches a watch by its
+// type, and an EDS watch by its node's locality.
 //
-// Why a SnapshotCache: the load assignments differ per consumer locality
-// (the priorities are relative to the consumer), and the SnapshotCache
-// is the cache that keys its contents by node (NodeHash, here the node's
-// locality); a LinearCache holds one set of resources for every client.
-// The SnapshotCache still scopes what a client gets to what it asks for:
-// a state-of-the-world request naming resources is answered with those
-// alone, and a delta stream gets what it subscribed to. It runs with
-// ads=false: with ads=true it answers a request only when the request
-// names every resource of that type in the snapshot, which a client
-// asking for its one target never does. Its cost: a state-of-the-world
-// version is per type, so any endpoint change re-sends every SOTW
-// client's load assignments, unchanged ones included (delta clients get
-// only what changed). Per-resource versions, a LinearCache per locality
-// behind a cache that dispatches by node, are the remedy if the fan-out
-// benchmark of issue 14 asks for it.
+// Why LinearCaches: they version each resource apart. A change of
+// service S updates S's resources alone, and a LinearCache wakes only the
+// watches that name them (and wildcard ones), so a stream that does not
+// watch S is sent nothing, and one that does is sent S's
+// ClusterLoadAssignment alone: for EDS and RDS a state-of-the-world
+// response carries only the changed resources (linear.go computeResponse:
+// sotw must send the full state only for LDS and CDS, which it then
+// does, every subscribed Listener or Cluster). The SnapshotCache this
+// replaced had one version per type per snapshot, so every endpoint
+// change anywhere re-sent every state-of-the-world EDS stream all its
+// load assignments (issue 14's fan-out benchmark: 28× the native
+// stream's CPU at 1k streams). Delta streams compare per-resource hashes
+// in both.
 //
-// Versions: every change the feed applies takes the next number of a
-// sequence prefixed by the feed's incarnation (a random token drawn at
-// NewFeed), so versions only grow within a feed and never repeat across
-// restarts, where a client resuming with "7" must not be told it is up
-// to date by a feed whose 7 is another state. A snapshot's Listener,
-// RouteConfiguration and Cluster versions move only when the set of
-// targets changes (their contents are functions of the target's name);
-// its ClusterLoadAssignment version moves with every change of
-// endpoints. Delta streams compare per-resource hashes instead
-// (go-control-plane's version map), so they get only what changed.
+// Order (issue 14: a cluster is never sent before the endpoints that
+// make it usable, nor removed while a route still names it): a rebuild
+// writes the caches bottom up for what is new or changed (the load
+// assignments, then the Clusters, then the routes, then the Listeners),
+// and top down for what goes (Listeners, routes, Clusters, then the load
+// assignments). Each cache update answers its waiting watches before the
+// next update starts, and the server's ADS streams send in the order
+// answered (sotw.WithOrderedADS; go-control-plane's delta server has one
+// FIFO per stream anyway), so a client watching all four sees the same
+// order on the wire, and one that asks for a Cluster's endpoints after
+// receiving it finds them in the cache.
+//
+// Versions: each cache's version is a sequence prefixed by the feed's
+// incarnation (a random token drawn at NewFeed) and the cache's own tag,
+// so versions only grow within a feed, never repeat across restarts
+// (where a client resuming with "7" must not be told it is up to date by
+// a feed whose 7 is another state), and name the cache they come from
+// (which the push latency needs: a version maps to the change that made
+// it). A LinearCache answers a state-of-the-world request whose version
+// lacks its prefix with everything asked for, and a request naming
+// resources this stream was never sent, at once.
+//
+// Until the feed has applied its first start (or first Apply), watches
+// are held, not answered (feedCache): an empty Listener answer would tell
+// a grpc-go client its target does not exist.
 type Feed struct {
 	cfg   FeedConfig
 	log   *slog.Logger
-	cache cachev3.SnapshotCache
 	epoch string
+	cache *feedCache
 
-	// locMu guards wanted alone and is never held while calling the
-	// cache: NodeHash.ID runs under the cache's lock and takes it.
-	locMu  sync.RWMutex
-	wanted map[Locality]bool
-	warned map[Locality]bool
-
-	// mu orders the rebuilds and SetSnapshot calls of the feed's
-	// goroutine with the lazy creation of a new locality's snapshot.
+	// mu orders the rebuilds of the feed's goroutine (or of Apply) with
+	// the creation of a new locality's EDS cache; everything below is
+	// guarded by it.
 	mu       sync.Mutex
 	loaded   bool // the first start has been applied
 	eps      map[string]map[registry.EndpointID]*registryv1.ServiceEndpoint
-	targets  map[string][]Target // by service
-	shared   map[string][3]types.Resource
-	cla      map[Locality]map[string]types.Resource // by target name
-	seq      uint64
-	lrcVer   string // version of the Listeners, Routes and Clusters
-	edsVer   string
+	targets  map[string][]Target                                       // by service
+	names    map[string]bool                                           // the target names served
+	cla      map[Locality]map[string]*endpointv3.ClusterLoadAssignment // as last put in the locality's EDS cache
+	lds      *linear
+	rds      *linear
+	cds      *linear
 	inFull   bool // applying a FULL_SNAPSHOT that continues
 	inSvcSnp bool // applying a SERVICES_SNAPSHOT that continues
+
+	// locMu guards eds and warned; eds is written under mu as well, so a
+	// rebuild reads it under mu alone, and a watch (feedCache) under
+	// locMu alone, never waiting for a rebuild.
+	locMu  sync.RWMutex
+	eds    map[Locality]*linear
+	warned map[Locality]bool
 
 	stop context.CancelFunc
 	done chan struct{}
 }
+
+// linear is a LinearCache and the version it is at. The LinearCache
+// moves its version by one per update call and does not export it; the
+// feed is its only writer and counts along, so that it knows, before an
+// update answers any watch, the version the answers will carry.
+type linear struct {
+	c      *cachev3.LinearCache
+	prefix string
+	n      uint64
+}
+
+func newLinear(typeURL, prefix string, log cacheLogger) *linear {
+	return &linear{c: cachev3.NewLinearCache(typeURL, cachev3.WithVersionPrefix(prefix), cachev3.WithLogger(log)), prefix: prefix}
+}
+
+func (l *linear) version() string { return l.prefix + strconv.FormatUint(l.n, 10) }
 
 // NewFeed returns a feed that is not yet running (see Start).
 func NewFeed(cfg FeedConfig) (*Feed, error) {
@@ -139,23 +179,37 @@ func NewFeed(cfg FeedConfig) (*Feed, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		epoch:   hex.EncodeToString(b[:]),
-		wanted:  map[Locality]bool{cfg.Own: true},
-		warned:  map[Locality]bool{},
 		eps:     map[string]map[registry.EndpointID]*registryv1.ServiceEndpoint{},
 		targets: map[string][]Target{},
-		shared:  map[string][3]types.Resource{},
-		cla:     map[Locality]map[string]types.Resource{},
+		names:   map[string]bool{},
+		cla:     map[Locality]map[string]*endpointv3.ClusterLoadAssignment{},
+		eds:     map[Locality]*linear{},
+		warned:  map[Locality]bool{},
 	}
-	f.cache = cachev3.NewSnapshotCache(false, nodeHash{f}, cacheLogger{cfg.Logger})
+	lg := cacheLogger{cfg.Logger}
+	f.lds = newLinear(resourcev3.ListenerType, f.epoch+"-l-", lg)
+	f.rds = newLinear(resourcev3.RouteType, f.epoch+"-r-", lg)
+	f.cds = newLinear(resourcev3.ClusterType, f.epoch+"-c-", lg)
+	f.eds[cfg.Own] = f.newEDS(0)
+	f.cla[cfg.Own] = map[string]*endpointv3.ClusterLoadAssignment{}
+	f.cache = &feedCache{f: f, held: map[*heldWatch]struct{}{}}
 	return f, nil
 }
 
-// Cache is the cache the feed keeps, for the server.
-func (f *Feed) Cache() cachev3.SnapshotCache { return f.cache }
+// newEDS is the EDS cache of the i-th locality wanted. The tag ends in
+// '-' so that no cache's prefix is another's ("e1-" is not a prefix of
+// "e12-7").
+func (f *Feed) newEDS(i int) *linear {
+	return newLinear(resourcev3.EndpointType, f.epoch+"-e"+strconv.Itoa(i)+"-", cacheLogger{f.log})
+}
+
+// Cache is the cache the feed keeps, for the server: go-control-plane's
+// Cache interface over the feed's LinearCaches.
+func (f *Feed) Cache() cachev3.Cache { return f.cache }
 
 // Start runs the feed's goroutine until Close: subscribe to all services,
 // apply the start and every batch, rebuild the changed services'
-// resources, set the snapshots; on a cut, resume from the last version.
+// resources, update the caches; on a cut, resume from the last version.
 func (f *Feed) Start() {
 	if f.cfg.Source == nil {
 		return // fed by Apply
@@ -169,7 +223,7 @@ func (f *Feed) Start() {
 }
 
 // Close stops the feed and waits for its goroutine. The cache keeps the
-// last snapshots, so connected clients keep their configuration.
+// last resources, so connected clients keep their configuration.
 func (f *Feed) Close() {
 	if f.stop == nil {
 		return
@@ -184,7 +238,7 @@ func (f *Feed) run(ctx context.Context) {
 		sub, err := f.cfg.Source.Subscribe(nil, last)
 		if err != nil {
 			// ErrNotReady before the registrar has loaded, ErrShuttingDown
-			// as it stops: the last snapshots stay served meanwhile.
+			// as it stops: the last resources stay served meanwhile.
 			f.log.Debug("xds feed: subscribe failed, retrying", "err", err, "attempt", attempt)
 			retry.Sleep(ctx, f.cfg.Backoff.Ceiling(attempt), nil)
 			attempt++
@@ -227,17 +281,13 @@ func (f *Feed) run(ctx context.Context) {
 // Source. ADDED and UPDATED put the endpoint, REMOVED drops it, and the
 // services touched are rebuilt once for the batch, so a caller that
 // gathers what arrived while the last Apply ran pays one rebuild for it.
-// The first call marks the feed loaded and sets the snapshots even when
-// the batch is empty, so clients waiting for a first configuration get
-// one.
+// The first call marks the feed loaded and releases the watches held
+// until then even when the batch is empty, so clients waiting for a
+// first configuration get one.
 func (f *Feed) Apply(batch []*registrarv1.EndpointEvent) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	first := !f.loaded
 	f.applyLocked(batch)
-	if first && len(f.cla) == 0 {
-		f.rebuildLocked(map[string]bool{})
-	}
 }
 
 // replaceLocked replaces everything held with a snapshot.
@@ -312,18 +362,23 @@ func (f *Feed) applyLocked(batch []*registrarv1.EndpointEvent) {
 	f.loaded = true
 	if len(changed) > 0 {
 		f.rebuildLocked(changed)
+	} else {
+		f.cache.release() // loaded, though nothing changed
 	}
 }
 
-// rebuildLocked rebuilds the resources of the changed services, for the
-// shared part and every wanted locality, and sets every snapshot.
+// rebuildLocked rebuilds the resources of the changed services and
+// writes what differs into the caches, in the order the Feed's comment
+// gives; the first rebuild releases the watches held until then.
 func (f *Feed) rebuildLocked(changed map[string]bool) {
-	f.seq++
-	ver := f.epoch + "-" + strconv.FormatUint(f.seq, 10)
-	f.cfg.metrics.changed(ver, time.Now()) // for xds_push_latency_seconds
-	namesChanged := f.lrcVer == ""
+	at := time.Now()
+	updated := map[string]Target{} // the changed services' targets, by name
+	var added, removed []string
 	for svc := range changed {
-		old := f.targets[svc]
+		old := map[string]bool{}
+		for _, t := range f.targets[svc] {
+			old[t.Name] = true
+		}
 		var eps []*registryv1.ServiceEndpoint
 		for _, ep := range f.eps[svc] {
 			eps = append(eps, ep)
@@ -334,72 +389,102 @@ func (f *Feed) rebuildLocked(changed map[string]bool) {
 		} else {
 			f.targets[svc] = now
 		}
-		if !slices.EqualFunc(old, now, func(a, b Target) bool { return a.Name == b.Name }) {
-			namesChanged = true
-			for _, t := range old {
-				delete(f.shared, t.Name)
-				for _, m := range f.cla {
-					delete(m, t.Name)
-				}
-			}
-		}
 		for _, t := range now {
-			if _, ok := f.shared[t.Name]; !ok {
-				f.shared[t.Name] = [3]types.Resource{Listener(t.Name), RouteConfig(t.Name), Cluster(t.Name)}
+			updated[t.Name] = t
+			if !old[t.Name] {
+				added = append(added, t.Name)
 			}
-			for loc, m := range f.cla {
-				m[t.Name] = LoadAssignment(t, loc)
-			}
+			delete(old, t.Name)
+		}
+		for name := range old {
+			removed = append(removed, name)
 		}
 	}
-	// A locality wanted since the last rebuild (ensure ran before the
-	// first start was applied, or lost the race to this rebuild) gets all
-	// its load assignments now.
-	for _, loc := range f.localities() {
-		if f.cla[loc] == nil {
-			f.cla[loc] = f.assignmentsLocked(loc)
+	slices.Sort(added)
+	slices.Sort(removed)
+
+	// The endpoints first: a Cluster sent next finds its load assignment
+	// already there.
+	for loc, l := range f.eds {
+		f.putAssignmentsLocked(loc, l, updated, at)
+	}
+	if len(added) > 0 {
+		lis, rts, cls := map[string]types.Resource{}, map[string]types.Resource{}, map[string]types.Resource{}
+		for _, name := range added {
+			lis[name], rts[name], cls[name] = Listener(name), RouteConfig(name), Cluster(name)
+			f.names[name] = true
+		}
+		f.updateLocked(f.cds, cls, nil, at)
+		f.updateLocked(f.rds, rts, nil, at)
+		f.updateLocked(f.lds, lis, nil, at)
+	}
+	if len(removed) > 0 {
+		// What names a target goes before it: the Listener (a grpc-go
+		// client drops its target's route with it), the route, the
+		// Cluster, then its endpoints.
+		f.updateLocked(f.lds, nil, removed, at)
+		f.updateLocked(f.rds, nil, removed, at)
+		f.updateLocked(f.cds, nil, removed, at)
+		for loc, l := range f.eds {
+			for _, name := range removed {
+				delete(f.cla[loc], name)
+			}
+			f.updateLocked(l, nil, removed, at)
+		}
+		for _, name := range removed {
+			delete(f.names, name)
 		}
 	}
-	if namesChanged {
-		f.lrcVer = ver
-	}
-	f.edsVer = ver
-	for loc := range f.cla {
-		f.setLocked(loc)
-	}
-	f.cfg.metrics.resources(len(f.shared))
+	f.cfg.metrics.resources(len(f.names))
+	f.cache.release()
 }
 
-// setLocked sets the snapshot of one locality from what is built.
-func (f *Feed) setLocked(loc Locality) {
-	var lis, rts, cls, eds []types.Resource
-	for _, r := range f.shared {
-		lis, rts, cls = append(lis, r[0]), append(rts, r[1]), append(cls, r[2])
+// putAssignmentsLocked puts into loc's EDS cache the load assignments of
+// ts that differ from what it holds: an unchanged one (an event that
+// moved nothing a consumer at loc sees) wakes no watch.
+func (f *Feed) putAssignmentsLocked(loc Locality, l *linear, ts map[string]Target, at time.Time) {
+	held := f.cla[loc]
+	put := map[string]types.Resource{}
+	for name, t := range ts {
+		cla := LoadAssignment(t, loc)
+		if old, ok := held[name]; ok && proto.Equal(old, cla) {
+			continue
+		}
+		held[name] = cla
+		put[name] = cla
 	}
-	for _, r := range f.cla[loc] {
-		eds = append(eds, r)
+	f.updateLocked(l, put, nil, at)
+}
+
+// updateLocked writes one cache, if there is anything to write. The
+// version the update makes is recorded first: the watches it answers are
+// sent from their streams' goroutines, which may look it up at once
+// (xds_push_latency_seconds).
+func (f *Feed) updateLocked(l *linear, put map[string]types.Resource, del []string, at time.Time) {
+	if len(put) == 0 && len(del) == 0 {
+		return
 	}
-	snap := &cachev3.Snapshot{}
-	snap.Resources[types.Listener] = cachev3.NewResources(f.lrcVer, lis)
-	snap.Resources[types.Route] = cachev3.NewResources(f.lrcVer, rts)
-	snap.Resources[types.Cluster] = cachev3.NewResources(f.lrcVer, cls)
-	snap.Resources[types.Endpoint] = cachev3.NewResources(f.edsVer, eds)
-	if err := f.cache.SetSnapshot(context.Background(), localityKey(loc), snap); err != nil {
-		f.log.Error("xds feed: set snapshot", "locality", loc.String(), "err", err)
+	l.n++
+	f.cfg.metrics.changed(l.version(), at)
+	// The LinearCache moves its version even when it fails, which it
+	// does only if a resource does not marshal: then no watch is
+	// answered with it, and the next update retries.
+	if err := l.c.UpdateResources(put, del); err != nil {
+		f.log.Error("xds feed: update cache", "version", l.version(), "err", err)
 		return
 	}
 	f.cfg.metrics.snapshots.Inc()
 }
 
-// localities are the wanted localities.
-func (f *Feed) localities() []Locality {
-	f.locMu.RLock()
-	defer f.locMu.RUnlock()
-	out := make([]Locality, 0, len(f.wanted))
-	for l := range f.wanted {
-		out = append(out, l)
+// allTargetsLocked is every target held, by name.
+func (f *Feed) allTargetsLocked() map[string]Target {
+	m := map[string]Target{}
+	for _, ts := range f.targets {
+		for _, t := range ts {
+			m[t.Name] = t
+		}
 	}
-	return out
+	return m
 }
 
 // localityOf is the locality a node is served as: the one it sends, else
@@ -412,26 +497,41 @@ func (f *Feed) localityOf(n *corev3.Node) Locality {
 	return l
 }
 
-// ensure makes sure a node's locality has a snapshot, building it now
-// from what the feed holds if it is new. The server calls it on every
-// request, before go-control-plane opens the request's watch, so a
-// client of a new locality is answered from its own snapshot at once.
+// edsOf is the EDS cache a node is served from: its locality's, or, for
+// a locality beyond the bound, the feed's own.
+func (f *Feed) edsOf(n *corev3.Node) *linear {
+	loc := f.localityOf(n)
+	f.locMu.RLock()
+	defer f.locMu.RUnlock()
+	if l := f.eds[loc]; l != nil {
+		return l
+	}
+	return f.eds[f.cfg.Own]
+}
+
+// ensure makes sure a node's locality has an EDS cache, building its
+// load assignments now from what the feed holds if it is new. The server
+// calls it on every request, before go-control-plane opens the request's
+// watch, so a client of a new locality is answered from its own cache at
+// once.
 func (f *Feed) ensure(n *corev3.Node) {
 	loc := f.localityOf(n)
 	// Every request passes here: the common case, a known locality, takes
 	// the shared lock only.
 	f.locMu.RLock()
-	known := f.wanted[loc]
+	known := f.eds[loc] != nil
 	f.locMu.RUnlock()
 	if known {
 		return
 	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.locMu.Lock()
-	if f.wanted[loc] {
+	if f.eds[loc] != nil {
 		f.locMu.Unlock()
-		return
+		return // made by another request meanwhile
 	}
-	if len(f.wanted) >= f.cfg.MaxLocalities {
+	if len(f.eds) >= f.cfg.MaxLocalities {
 		if !f.warned[loc] {
 			f.warned[loc] = true
 			f.log.Warn("xds: too many consumer localities, serving this node as the registrar's own", "node", n.GetId(),
@@ -440,56 +540,177 @@ func (f *Feed) ensure(n *corev3.Node) {
 		f.locMu.Unlock()
 		return
 	}
-	f.wanted[loc] = true
+	l := f.newEDS(len(f.eds))
 	f.locMu.Unlock()
-
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if _, ok := f.cla[loc]; ok || !f.loaded {
-		return // built by a rebuild meanwhile, or built at the first one
-	}
-	f.cla[loc] = f.assignmentsLocked(loc)
-	f.setLocked(loc)
+	// Filled before it is published: no watch sees it half built. Before
+	// the first start it stays empty, and the first rebuild fills it.
+	f.cla[loc] = map[string]*endpointv3.ClusterLoadAssignment{}
+	f.putAssignmentsLocked(loc, l, f.allTargetsLocked(), time.Now())
+	f.locMu.Lock()
+	f.eds[loc] = l
+	f.locMu.Unlock()
 }
 
-// assignmentsLocked builds the load assignments of every target for a
-// consumer at loc.
-func (f *Feed) assignmentsLocked(loc Locality) map[string]types.Resource {
-	m := map[string]types.Resource{}
-	for _, ts := range f.targets {
-		for _, t := range ts {
-			m[t.Name] = LoadAssignment(t, loc)
+// feedCache is go-control-plane's Cache over the feed's LinearCaches: a
+// watch goes to the cache of its type (EDS: of its node's locality), or,
+// before the feed has loaded, waits in held.
+type feedCache struct {
+	f *Feed
+
+	mu     sync.Mutex
+	loaded bool
+	held   map[*heldWatch]struct{}
+}
+
+var _ cachev3.Cache = (*feedCache)(nil)
+
+// heldWatch is a watch asked for before the feed loaded: start opens it
+// on its cache, unless the server cancelled it first.
+type heldWatch struct {
+	start func() func()
+
+	mu       sync.Mutex
+	done     bool   // cancelled
+	cancelFn func() // the opened watch's, once started
+}
+
+func (h *heldWatch) open() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.done {
+		h.cancelFn = h.start()
+	}
+}
+
+func (h *heldWatch) cancel() {
+	h.mu.Lock()
+	h.done = true
+	c := h.cancelFn
+	h.mu.Unlock()
+	if c != nil {
+		c()
+	}
+}
+
+// hold returns nil once loaded, else holds a watch that start opens on
+// release, and returns its cancel.
+func (c *feedCache) hold(start func() func()) func() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.loaded {
+		return nil
+	}
+	h := &heldWatch{start: start}
+	c.held[h] = struct{}{}
+	return func() {
+		c.mu.Lock()
+		delete(c.held, h)
+		c.mu.Unlock()
+		h.cancel()
+	}
+}
+
+// release opens the held watches, once the caches hold the first start.
+// The caches answer them from the caller's goroutine (the feed's), into
+// the streams' buffered channels.
+func (c *feedCache) release() {
+	c.mu.Lock()
+	if c.loaded {
+		c.mu.Unlock()
+		return
+	}
+	c.loaded = true
+	held := c.held
+	c.held = nil
+	c.mu.Unlock()
+	for h := range held {
+		h.open()
+	}
+}
+
+// of is the LinearCache of a type for a node; nil for a type the feed
+// does not serve.
+func (c *feedCache) of(typeURL string, n *corev3.Node) *cachev3.LinearCache {
+	switch typeURL {
+	case resourcev3.ListenerType:
+		return c.f.lds.c
+	case resourcev3.RouteType:
+		return c.f.rds.c
+	case resourcev3.ClusterType:
+		return c.f.cds.c
+	case resourcev3.EndpointType:
+		return c.f.edsOf(n).c
+	}
+	return nil
+}
+
+// CreateWatch opens a state-of-the-world watch. A type the feed does not
+// serve gets a watch that never answers (as a SnapshotCache does): the
+// stream stays up for the types it does serve.
+func (c *feedCache) CreateWatch(req *cachev3.Request, sub cachev3.Subscription, out chan cachev3.Response) (func(), error) {
+	lc := c.of(req.GetTypeUrl(), req.GetNode())
+	if lc == nil {
+		return func() {}, nil
+	}
+	start := func() func() {
+		cancel, e := lc.CreateWatch(req, sub, out)
+		if e != nil {
+			// Only a type mismatch fails, which of rules out.
+			c.f.log.Error("xds: open a held watch", "type", req.GetTypeUrl(), "err", e)
 		}
+		return cancel
 	}
-	return m
+	if cancel := c.hold(start); cancel != nil {
+		return cancel, nil
+	}
+	cancel, err := lc.CreateWatch(req, sub, out)
+	if err != nil {
+		return nil, fmt.Errorf("xds: watch %s: %w", req.GetTypeUrl(), err)
+	}
+	return cancel, nil
 }
 
-// nodeHash keys the cache by the node's locality (see Feed.ensure for
-// the bound).
-type nodeHash struct{ f *Feed }
-
-func (h nodeHash) ID(n *corev3.Node) string {
-	loc := h.f.localityOf(n)
-	h.f.locMu.RLock()
-	known := h.f.wanted[loc]
-	h.f.locMu.RUnlock()
-	if !known {
-		loc = h.f.cfg.Own
+// CreateDeltaWatch opens a delta watch, as CreateWatch.
+func (c *feedCache) CreateDeltaWatch(req *cachev3.DeltaRequest, sub cachev3.Subscription, out chan cachev3.DeltaResponse) (func(), error) {
+	lc := c.of(req.GetTypeUrl(), req.GetNode())
+	if lc == nil {
+		return nil, nil
 	}
-	return localityKey(loc)
+	start := func() func() {
+		cancel, e := lc.CreateDeltaWatch(req, sub, out)
+		if e != nil {
+			c.f.log.Error("xds: open a held delta watch", "type", req.GetTypeUrl(), "err", e)
+		}
+		return cancel
+	}
+	if cancel := c.hold(start); cancel != nil {
+		return cancel, nil
+	}
+	cancel, err := lc.CreateDeltaWatch(req, sub, out)
+	if err != nil {
+		return nil, fmt.Errorf("xds: delta watch %s: %w", req.GetTypeUrl(), err)
+	}
+	return cancel, nil
 }
 
-// localityKey quotes both parts: a node's locality is whatever it sends,
-// so a '/' in a region must not make it another locality's key.
-func localityKey(l Locality) string {
-	return strconv.Quote(l.Region) + "/" + strconv.Quote(l.Zone)
+// Fetch is the REST (polling) path, which the server does not register.
+func (c *feedCache) Fetch(context.Context, *cachev3.Request) (cachev3.Response, error) {
+	return nil, errors.New("xds: fetch is not served (the feed serves streams only)")
 }
 
 // cacheLogger sends go-control-plane's log lines to slog; its debug and
-// info lines are per watch, so both go to Debug.
+// info lines are per watch, so both go to Debug, and are formatted only
+// when Debug is on: the LinearCache logs every watch it opens with its
+// names and versions, under its lock, at every stream's every ACK.
 type cacheLogger struct{ l *slog.Logger }
 
-func (c cacheLogger) Debugf(format string, args ...any) { c.l.Debug(fmt.Sprintf(format, args...)) }
-func (c cacheLogger) Infof(format string, args ...any)  { c.l.Debug(fmt.Sprintf(format, args...)) }
+func (c cacheLogger) debug(format string, args []any) {
+	if c.l.Enabled(context.Background(), slog.LevelDebug) {
+		c.l.Debug(fmt.Sprintf(format, args...))
+	}
+}
+
+func (c cacheLogger) Debugf(format string, args ...any) { c.debug(format, args) }
+func (c cacheLogger) Infof(format string, args ...any)  { c.debug(format, args) }
 func (c cacheLogger) Warnf(format string, args ...any)  { c.l.Warn(fmt.Sprintf(format, args...)) }
 func (c cacheLogger) Errorf(format string, args ...any) { c.l.Error(fmt.Sprintf(format, args...)) }

@@ -16,7 +16,6 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -112,16 +111,20 @@ func ev(typ registrarv1.EndpointEvent_EventType, seq uint64, e *registryv1.Servi
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-// held is the feed's snapshot for loc: the load assignments by name, as
-// "ip,ip@p<priority>" per locality, and the two versions.
+// held is what the feed's EDS cache for loc holds: the load assignments
+// by name, as "ip,ip@p<priority>" per locality; with the Listener cache's
+// version and the EDS cache's. Nil before the feed has loaded, or for a
+// locality without a cache of its own.
 func held(t *testing.T, f *Feed, loc Locality) (eds map[string]string, lrcVer, edsVer string) {
 	t.Helper()
-	snap, err := f.Cache().GetSnapshot(localityKey(loc))
-	if err != nil {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	l := f.eds[loc]
+	if !f.loaded || l == nil {
 		return nil, "", ""
 	}
 	eds = map[string]string{}
-	for name, r := range snap.GetResources(resourcev3.EndpointType) {
+	for name, r := range l.c.GetResources() {
 		var parts []string
 		for _, l := range r.(*endpointv3.ClusterLoadAssignment).GetEndpoints() {
 			var ips []string
@@ -133,7 +136,7 @@ func held(t *testing.T, f *Feed, loc Locality) (eds map[string]string, lrcVer, e
 		slices.Sort(parts)
 		eds[name] = strings.Join(parts, " ")
 	}
-	return eds, snap.GetVersion(resourcev3.ListenerType), snap.GetVersion(resourcev3.EndpointType)
+	return eds, f.lds.version(), l.version()
 }
 
 func newTestFeed(t *testing.T, src Source, max int) *Feed {
@@ -211,10 +214,12 @@ func TestFeedAppliesChunkedSnapshotsAndRemovals(t *testing.T) {
 		_, has := e["api"]
 		return !has && len(e) == 1
 	})
-	snap, _ := f.Cache().GetSnapshot(localityKey(own))
-	for _, typ := range []string{resourcev3.ListenerType, resourcev3.RouteType, resourcev3.ClusterType} {
-		if _, has := snap.GetResources(typ)["api"]; has {
-			t.Errorf("%s api still served after its last endpoint went", typ)
+	for _, l := range []*linear{f.lds, f.rds, f.cds} {
+		if _, has := l.c.GetResources()["api"]; has {
+			t.Errorf("%s: api still served after its last endpoint went", l.prefix)
+		}
+		if _, has := l.c.GetResources()["web"]; !has {
+			t.Errorf("%s: web not served", l.prefix)
 		}
 	}
 }
@@ -234,21 +239,22 @@ func TestFeedBuildsLocalitiesOnDemandWithinItsBound(t *testing.T) {
 	if want := "10.0.0.1@p1 10.0.1.1@p0 10.1.0.1@p2"; e["web"] != want {
 		t.Errorf("a z2 node's web: %q, want %q", e["web"], want)
 	}
-	if got := (nodeHash{f}).ID(z2); got != localityKey(Locality{Region: "r1", Zone: "z2"}) {
-		t.Errorf("z2 node hashed to %s", got)
+	ownEDS := f.edsOf(&corev3.Node{Id: "no-locality"})
+	if ownEDS != f.eds[own] {
+		t.Errorf("a node without a locality is served from %s, want the own locality's cache", ownEDS.prefix)
 	}
-	if got := (nodeHash{f}).ID(&corev3.Node{Id: "no-locality"}); got != localityKey(own) {
-		t.Errorf("a node without a locality hashed to %s, want the own locality", got)
+	if got := f.edsOf(z2); got == ownEDS {
+		t.Errorf("a z2 node is served from the own locality's cache %s", got.prefix)
 	}
 
 	// The bound (2: own and z2) is reached: r3 is served as own.
 	r3 := &corev3.Node{Id: "n-r3", Locality: &corev3.Locality{Region: "r3"}}
 	f.ensure(r3)
-	if got := (nodeHash{f}).ID(r3); got != localityKey(own) {
-		t.Errorf("a locality beyond the bound hashed to %s, want own %s", got, localityKey(own))
+	if got := f.edsOf(r3); got != ownEDS {
+		t.Errorf("a locality beyond the bound is served from %s, want own %s", got.prefix, ownEDS.prefix)
 	}
-	if _, err := f.Cache().GetSnapshot(localityKey(Locality{Region: "r3"})); err == nil {
-		t.Error("a snapshot was built for a locality beyond the bound")
+	if e, _, _ := held(t, f, Locality{Region: "r3"}); e != nil {
+		t.Error("a cache was built for a locality beyond the bound")
 	}
 }
 

@@ -30,7 +30,10 @@ type metrics struct {
 // keptChanges bounds the versions whose change time is kept: a response
 // of an older version is no push of a recent change (a client connecting
 // late to a version that has not moved), so none is lost that counts.
-const keptChanges = 256
+// One change applied makes a version in each cache it moves (up to
+// MaxLocalities EDS caches and three others): this keeps the last
+// changes of every cache even at the bound.
+const keptChanges = 8192
 
 func newMetrics() *metrics {
 	return &metrics{
@@ -56,7 +59,7 @@ func newMetrics() *metrics {
 		}),
 		snapshots: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "xds_snapshot_updates_total",
-			Help: "Snapshots set in the xDS cache (one per consumer locality per change applied).",
+			Help: "Updates of the xDS caches (one per resource type, and for endpoints per consumer locality, whose resources a change applied moved).",
 		}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "xds_push_latency_seconds",

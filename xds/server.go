@@ -14,6 +14,7 @@ import (
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	sotw "github.com/envoyproxy/go-control-plane/pkg/server/sotw/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -29,7 +30,7 @@ type Config struct {
 	// Locality is the serving process's own (its region and zone): a node
 	// that sends no locality in its xDS Node is served as if it were here.
 	Locality Locality
-	// MaxLocalities bounds the per-locality snapshots (FeedConfig).
+	// MaxLocalities bounds the per-locality EDS caches (FeedConfig).
 	MaxLocalities int
 	Logger        *slog.Logger
 	// Registerer takes the xds_ metrics; nil registers none.
@@ -79,7 +80,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{feed: feed, log: cfg.Logger, m: m, status: newTracker(), dmd: newDemand(cfg.Demand), open: map[int64]prometheus.Gauge{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	s.xds = serverv3.NewServer(s.ctx, feed.Cache(), s.callbacks())
+	// Ordered ADS: a state-of-the-world ADS stream sends its responses in
+	// the order the caches answered them (one FIFO for all types), which
+	// is the order the feed writes them in (Feed: endpoints before the
+	// Cluster that needs them). Without it each type has a channel of its
+	// own and the stream picks among the ready ones at random.
+	s.xds = serverv3.NewServer(s.ctx, feed.Cache(), s.callbacks(), sotw.WithOrderedADS())
 	return s, nil
 }
 
@@ -87,7 +93,7 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Feed() *Feed { return s.feed }
 
 // Start starts the feed. A server serves before it (clients' watches wait
-// for the first snapshot), so the listener can be bound first and the
+// for the feed's first start), so the listener can be bound first and the
 // feed started once the registrar has loaded.
 func (s *Server) Start() { s.feed.Start() }
 

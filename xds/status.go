@@ -25,7 +25,7 @@ const (
 	// running on the version it last accepted (AckedVersion).
 	NACKed State = "NACKED"
 	// NotSent: the client asked for the type and was sent nothing yet
-	// (its watch waits for the first snapshot, or for the names it asks
+	// (its watch waits for the feed's first start, or for the names it asks
 	// for to exist).
 	NotSent State = "NOT_SENT"
 )
@@ -280,18 +280,21 @@ func (s *Server) StatusHandler() http.Handler {
 }
 
 // holdRejected is how a NACKed version stops being pushed again. The
-// SnapshotCache answers a state-of-the-world request at once when its
-// version_info differs from the snapshot's (simple.go CreateWatch), and a
-// NACK's version_info is the version the client kept, not the one it
-// rejected: so every NACK is answered with the rejected version again,
-// which the client NACKs again, as fast as the round trip (grpc-go does
-// not back off). go-control-plane's sotw server passes the request it
-// gave OnStreamRequest to CreateWatch, so setting its version_info here
-// to the rejected version makes the cache see a client that is up to
-// date: it opens a watch, which fires when the snapshot's version moves
-// (SetSnapshot answers the watches whose version differs), or answers at
-// once if the request names resources not yet sent. The client runs on
-// its last accepted version meanwhile, as grpc-go does after a NACK.
+// sotw server records what it sent as the client's, NACKed or not, so
+// the feed's LinearCaches wake the watch again only when a resource it
+// names changes; but a request whose version_info is empty (a client
+// that has accepted nothing yet NACKs with "") or lacks the cache's
+// prefix is answered at once (linear.go CreateWatch: replyEvenIfEmpty),
+// which for a Listener or Cluster is the rejected full state again,
+// NACKed again, as fast as the round trip (grpc-go does not back off),
+// and for EDS or RDS an empty response the client ACKs, which the status
+// would take for SYNCED. go-control-plane's sotw server passes the
+// request it gave OnStreamRequest to CreateWatch, so setting its
+// version_info here to the rejected version (the cache's own, with its
+// prefix) makes the cache see a client that is up to date: it opens a
+// watch, which fires when a resource named changes, or at once if the
+// request names resources not yet sent. The client runs on its last
+// accepted version meanwhile, as grpc-go does after a NACK.
 //
 // Delta needs no hold: the delta server records what it sent, NACKed or
 // not, as the client's resource versions, and sends only what changes.

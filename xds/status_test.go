@@ -10,7 +10,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -55,19 +54,21 @@ func edsOf(s *Server, node string) (TypeStatus, bool) {
 	return TypeStatus{}, false
 }
 
-// injectPriorityGap sets, in loc's snapshot, web's assignment to one
+// injectPriorityGap sets, in loc's EDS cache, web's assignment to one
 // grpc-go rejects ("priority 1 missing": priorities 0 and 2), sending all
 // traffic to to: the test-only way to make a real client NACK, since the
-// feed never builds such an assignment.
+// feed never builds such an assignment. It returns the version the
+// update carries. The feed's own record of web's assignment stays the
+// good one, so the next real change of web is put again.
 func injectPriorityGap(t *testing.T, f *Feed, loc Locality, to, other *xdstest.Backend) string {
 	t.Helper()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	snap, err := f.cache.GetSnapshot(localityKey(loc))
-	if err != nil {
-		t.Fatal(err)
+	l := f.eds[loc]
+	good := f.cla[loc]["web"]
+	if l == nil || good == nil {
+		t.Fatalf("no assignment of web for %s", loc)
 	}
-	good := snap.GetResources(resourcev3.EndpointType)["web"].(*endpointv3.ClusterLoadAssignment)
 	bad := proto.Clone(good).(*endpointv3.ClusterLoadAssignment)
 	first := bad.GetEndpoints()[0]
 	at := func(b *xdstest.Backend, prio uint32, region string) *endpointv3.LocalityLbEndpoints {
@@ -80,16 +81,8 @@ func injectPriorityGap(t *testing.T, f *Feed, loc Locality, to, other *xdstest.B
 		return l
 	}
 	bad.Endpoints = []*endpointv3.LocalityLbEndpoints{at(to, 0, "r1"), at(other, 2, "r9")}
-	const version = "injected-priority-gap"
-	next := &cachev3.Snapshot{}
-	for _, typ := range []types.ResponseType{types.Listener, types.Route, types.Cluster} {
-		next.Resources[typ] = snap.(*cachev3.Snapshot).Resources[typ]
-	}
-	next.Resources[types.Endpoint] = cachev3.NewResources(version, []types.Resource{bad})
-	if err := f.cache.SetSnapshot(context.Background(), localityKey(loc), next); err != nil {
-		t.Fatal(err)
-	}
-	return version
+	f.updateLocked(l, map[string]types.Resource{"web": bad}, nil, time.Now())
+	return l.version()
 }
 
 // own is the locality of the scripted servers, and of their clients.

@@ -9,8 +9,8 @@
 //     Cluster, ClusterLoadAssignment), the last one ordered for a
 //     consumer's locality;
 //   - feed.go: an in-process subscription to the registrar (no polling)
-//     keeps go-control-plane's SnapshotCache current, one snapshot per
-//     consumer locality;
+//     keeps go-control-plane LinearCaches current (per-resource
+//     versions), the load assignments one cache per consumer locality;
 //   - server.go: go-control-plane's server (ADS and the per-type services,
 //     state-of-the-world and delta) on a grpc.Server, with the callbacks
 //     that count and log clients, pushes and NACKs.

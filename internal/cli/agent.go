@@ -28,6 +28,7 @@ func newAgentCmd() *cobra.Command {
 		httpAddr            string
 		logLevel, logFormat string
 		tf                  tlsFlags
+		xtf                 xdsTLSFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "agent",
@@ -50,11 +51,19 @@ node record and exits 0.
 With --xds-addr (e.g. 127.0.0.1:15010) the agent also serves xDS to the
 node's proxies and proxyless gRPC clients (xds:///service) from its local
 cache, so they keep their configuration while every registrar is down.
-The services they ask for join the agent's subscription and leave it
---xds-linger after no xDS client names them (see README, "xDS").`,
+The agent watches only its own services and those its xDS clients ask
+for: they join its subscription and leave it --xds-linger after no xDS
+client names them, and an agent with neither watches nothing (see
+README, "xDS"). The xDS port is plaintext, for a loopback --xds-addr;
+--xds-tls-cert and --xds-tls-key make it TLS, and --xds-tls-client-ca
+makes it mutual TLS (client certificates of that CA required). A
+plaintext --xds-addr off loopback is served with a warning. With
+--http-addr the agent serves /xds/status there, for "aether xds status".`,
 		Example: `  aether agent --node node-a --zone z1 --registrar 10.0.0.10:9443,10.0.0.11:9443 \
     --endpoint web=10.0.1.5:8080/http --endpoint api=10.0.1.5:9090/grpc
   aether agent --node node-a --zone z1 --xds-addr 127.0.0.1:15010 --endpoint web=10.0.1.5:8080/grpc
+  aether agent --node node-a --zone z1 --xds-addr :15010 --xds-tls-cert server-node-a.pem \
+    --xds-tls-key server-node-a-key.pem --xds-tls-client-ca ca.pem --http-addr 127.0.0.1:15000
   aether agent --node node-a --cacert ca.pem --cert node-node-a.pem --key node-node-a-key.pem \
     --endpoint web=10.0.1.5:8080/http`,
 		Args: cobra.NoArgs,
@@ -109,6 +118,9 @@ The services they ask for join the agent's subscription and leave it
 					return fmt.Errorf("--xds-addr %q: not a host:port address (%v); use e.g. 127.0.0.1:15010", cfg.XDSAddr, unwrapAddrErr(err))
 				}
 			}
+			if err := xtf.validate(cfg.XDSAddr); err != nil {
+				return err
+			}
 			if cfg.Address != "" {
 				if cfg.Address, err = registry.CanonicalIP(cfg.Address); err != nil {
 					return fmt.Errorf("--address: %w", err)
@@ -126,6 +138,16 @@ The services they ask for join the agent's subscription and leave it
 				}
 				defer rl.Close()
 				cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+			}
+			if xtf.enabled() {
+				// Reloaded as the registrar's: a renewed certificate (or CA
+				// bundle) is served from the next handshake on.
+				tlsCfg, rl, err := pki.ServerTLSConfig(xtf.cert, xtf.key, xtf.clientCA, xtf.clientCA != "", xdsTLSReload, pki.WithLogger(log))
+				if err != nil {
+					return fmt.Errorf("--xds-tls-cert/--xds-tls-key/--xds-tls-client-ca: %w", err)
+				}
+				defer rl.Close()
+				cfg.XDSTLS = tlsCfg
 			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -145,9 +167,15 @@ The services they ask for join the agent's subscription and leave it
 				mux := http.NewServeMux()
 				mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 				mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+				if h := a.XDSStatusHandler(); h != nil {
+					// The document a registrar serves on its HTTP port, so
+					// "aether xds status --http-addr" reads either.
+					mux.Handle("/xds/status", h)
+				}
 				srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-				go func() { _ = srv.Serve(lis) }()
-				defer srv.Close()
+				served := make(chan struct{})
+				go func() { defer close(served); _ = srv.Serve(lis) }()
+				defer func() { _ = srv.Close(); <-served }()
 			}
 			return a.Run(cmd.Context())
 		},
@@ -163,8 +191,11 @@ The services they ask for join the agent's subscription and leave it
 	f.StringVar(&cfg.EndpointsFile, "endpoints-file", "", "file with one service=ip:port[/protocol] per line, re-read when it changes")
 	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
 	f.DurationVar(&cfg.DrainPeriod, "drain-period", 5*time.Second, "how long endpoints stay DRAINING before they are removed")
-	f.StringVar(&httpAddr, "http-addr", "", "serve /metrics and /healthz here (off when empty)")
-	f.StringVar(&cfg.XDSAddr, "xds-addr", "", "serve xDS to this node's proxies from the agent's cache on this address, e.g. 127.0.0.1:15010 (loopback keeps it to the node; plaintext); empty (the default) serves none")
+	f.StringVar(&httpAddr, "http-addr", "", "serve /metrics and /healthz (and with --xds-addr /xds/status) here, plaintext (off when empty)")
+	f.StringVar(&cfg.XDSAddr, "xds-addr", "", "serve xDS to this node's proxies from the agent's cache on this address, e.g. 127.0.0.1:15010 (loopback keeps it to the node; plaintext unless --xds-tls-cert); empty (the default) serves none")
+	f.StringVar(&xtf.cert, "xds-tls-cert", "", "serve --xds-addr over TLS with this certificate (PEM; reloaded when the file changes); needs --xds-tls-key")
+	f.StringVar(&xtf.key, "xds-tls-key", "", "private key of --xds-tls-cert (PEM)")
+	f.StringVar(&xtf.clientCA, "xds-tls-client-ca", "", "require xDS clients to present a certificate issued by this CA (PEM bundle): mutual TLS; needs --xds-tls-cert")
 	f.DurationVar(&cfg.XDSLinger, "xds-linger", agent.DefaultXDSLinger, "with --xds-addr: how long a service no xDS client asks for any more stays in the agent's subscription")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
@@ -188,4 +219,32 @@ func parseLabels(specs []string) (map[string]string, error) {
 		return nil, fmt.Errorf("--label: %w", err)
 	}
 	return out, nil
+}
+
+// xdsTLSReload is how often the xDS port's certificate files are checked
+// for changes: the registrar's default --tls-reload-interval.
+const xdsTLSReload = 10 * time.Second
+
+// xdsTLSFlags are the agent's xDS server TLS flags, the registrar's
+// --tls-cert/--tls-key/--tls-client-ca for its --xds-addr.
+type xdsTLSFlags struct{ cert, key, clientCA string }
+
+func (x *xdsTLSFlags) enabled() bool { return x.cert != "" || x.key != "" || x.clientCA != "" }
+
+// validate checks the flags go together, as the registrar's do, before
+// anything is dialled or bound.
+func (x *xdsTLSFlags) validate(xdsAddr string) error {
+	switch {
+	case !x.enabled():
+		return nil
+	case xdsAddr == "":
+		return errors.New("--xds-tls-cert, --xds-tls-key and --xds-tls-client-ca secure the xDS port: add --xds-addr or drop them")
+	case x.cert != "" && x.key == "":
+		return errors.New("--xds-tls-cert needs --xds-tls-key: give the xDS port's certificate and its private key together (or neither, for plaintext on loopback)")
+	case x.key != "" && x.cert == "":
+		return errors.New("--xds-tls-key needs --xds-tls-cert: give the xDS port's certificate and its private key together (or neither, for plaintext on loopback)")
+	case x.clientCA != "" && x.cert == "":
+		return errors.New("--xds-tls-client-ca needs --xds-tls-cert and --xds-tls-key: client certificates can only be verified over TLS (aether certs issue --server HOST makes a pair)")
+	}
+	return nil
 }

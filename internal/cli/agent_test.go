@@ -1,10 +1,16 @@
 package cli
 
 import (
+	"context"
+	"encoding/json"
 	"net"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -12,6 +18,7 @@ import (
 	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/internal/testutil/xdstest"
+	"github.com/aethermesh/aether/xds"
 )
 
 // TestAgentFlagErrors checks that bad agent flags fail before the agent
@@ -50,6 +57,14 @@ func TestAgentFlagErrors(t *testing.T) {
 			"--xds-linger -1s: must be positive (a service no proxy asks for stays watched this long)"},
 		{"zero xds linger", []string{"--node", "n1", "--xds-linger", "0s"},
 			"--xds-linger 0s: must be positive (0 is not a setting here: it would silently mean the default); to run with the default (30s), leave --xds-linger out"},
+		{"xds tls without xds addr", []string{"--node", "n1", "--xds-tls-cert", "s.pem", "--xds-tls-key", "k.pem"},
+			"--xds-tls-cert, --xds-tls-key and --xds-tls-client-ca secure the xDS port: add --xds-addr or drop them"},
+		{"xds tls cert without key", []string{"--node", "n1", "--xds-addr", "127.0.0.1:0", "--xds-tls-cert", "s.pem"},
+			"--xds-tls-cert needs --xds-tls-key: give the xDS port's certificate and its private key together (or neither, for plaintext on loopback)"},
+		{"xds tls key without cert", []string{"--node", "n1", "--xds-addr", "127.0.0.1:0", "--xds-tls-key", "k.pem"},
+			"--xds-tls-key needs --xds-tls-cert: give the xDS port's certificate and its private key together (or neither, for plaintext on loopback)"},
+		{"xds client ca without cert", []string{"--node", "n1", "--xds-addr", "127.0.0.1:0", "--xds-tls-client-ca", "ca.pem"},
+			"--xds-tls-client-ca needs --xds-tls-cert and --xds-tls-key: client certificates can only be verified over TLS (aether certs issue --server HOST makes a pair)"},
 		{"missing endpoints file", []string{"--node", "n1", "--endpoints-file", "/nonexistent/endpoints"},
 			"--endpoints-file: open /nonexistent/endpoints: no such file or directory"},
 	}
@@ -129,5 +144,81 @@ func TestAgentServesXDS(t *testing.T) {
 	if c, err := net.Dial("tcp", xdsAddr); err == nil {
 		c.Close()
 		t.Fatalf("the xDS port %s still accepts after the agent stopped", xdsAddr)
+	}
+}
+
+// `aether agent --xds-addr` with --xds-tls-cert, --xds-tls-key and
+// --xds-tls-client-ca serves xDS over mutual TLS: a real grpc-go client
+// configured by `aether xds bootstrap --ca --cert --key` reaches the
+// service through it; and the agent's --http-addr serves /xds/status, so
+// `aether xds status` shows that client SYNCED on every type, as it does
+// against a registrar.
+func TestAgentServesXDSOverMutualTLSAndItsStatus(t *testing.T) {
+	dir := t.TempDir()
+	mustRun(t, nil, "certs", "init", "--trust-domain", "example.org", "--out", dir)
+	mustRun(t, nil, "certs", "issue", "--dir", dir, "--server", "localhost")
+	mustRun(t, nil, "certs", "issue", "--dir", dir, "--node", "proxy-1")
+	file := func(name string) string { return filepath.Join(dir, name) }
+
+	etcd := etcdtest.Start(t)
+	r := startRegistrar(t, etcd)
+	b := xdstest.StartBackends(t, 1)[0]
+	r.register(t, &registryv1.ServiceEndpoint{Service: "web", Protocol: registryv1.Protocol_PROTOCOL_GRPC, Ip: b.Host(),
+		Ports: []*registryv1.Port{{Name: "grpc", Port: b.Port()}}})
+	xdsAddr, httpAddr := regtest.FreeAddr(t), regtest.FreeAddr(t)
+	a := startCLI(t, nil, "agent", "--node", "node-a", "--region", testRegion, "--cluster", testCluster, "--zone", "z1",
+		"--registrar", r.addr(), "--drain-period", "100ms", "--xds-addr", xdsAddr, "--http-addr", httpAddr,
+		"--xds-tls-cert", file("server-localhost.pem"), "--xds-tls-key", file("server-localhost-key.pem"),
+		"--xds-tls-client-ca", file("ca.pem"))
+
+	_, port, _ := net.SplitHostPort(xdsAddr)
+	boot := mustRun(t, nil, "xds", "bootstrap", "--server", net.JoinHostPort("localhost", port), // the certificate's name
+		"--node", "proxy-1", "--region", testRegion, "--zone", "z1",
+		"--ca", file("ca.pem"), "--cert", file("node-proxy-1.pem"), "--key", file("node-proxy-1-key.pem"))
+	cc := xdstest.Client(t, "web", []byte(boot.stdout))
+	xdstest.WaitSpread(t, cc, xdstest.Only(b), 10*time.Second)
+
+	var res result
+	wait.ForState(t, "the agent's xDS client SYNCED on CDS, EDS, LDS and RDS", 10*time.Second, func() (bool, string) {
+		res = runCLI(t, nil, nil, "xds", "status", "--http-addr", httpAddr)
+		return res.err == nil && strings.Count(res.stdout, "SYNCED") == 4, res.stdout + errString(res.err)
+	})
+	t.Logf("aether xds status against the agent:\n%s", res.stdout)
+	lines := strings.Split(strings.TrimSpace(res.stdout), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(strings.Join(strings.Fields(lines[1]), " "), "proxy-1 eu/z1 sotw SYNCED ") {
+		t.Fatalf("table:\n%s", res.stdout)
+	}
+	res = runCLI(t, nil, nil, "xds", "status", "--http-addr", httpAddr, "-o", "json")
+	var doc xds.StatusDocument
+	if err := json.Unmarshal([]byte(res.stdout), &doc); res.err != nil || err != nil {
+		t.Fatalf("-o json: %v, %v\n%s", res.err, err, res.stdout)
+	}
+	if len(doc.Clients) != 1 || doc.Clients[0].Node != "proxy-1" || doc.Clients[0].Types[resourcev3.ClusterType].State != xds.Synced {
+		t.Fatalf("-o json: %+v", doc)
+	}
+
+	// A plaintext xDS client is refused: the bootstrap without --ca.
+	plain := xdstest.Client(t, "web", xdstest.Bootstrap(net.JoinHostPort("localhost", port), "proxy-plain", xdstest.Locality{}))
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	if _, err := testgrpc.NewTestServiceClient(plain).UnaryCall(ctx, &testgrpc.SimpleRequest{}); err == nil {
+		t.Fatal("a plaintext xDS client got a config from the mutual-TLS port")
+	}
+
+	rc := regtest.Dial(t, r.addr())
+	wait.For(t, "the agent to announce node-a", 10*time.Second, func() bool {
+		resp, _ := rc.ListNodes(t.Context(), &registrarv1.ListNodesRequest{})
+		for _, n := range resp.GetNodes() {
+			if n.GetNode().GetName() == "node-a" {
+				return true
+			}
+		}
+		return false
+	})
+	if err := a.stop(t); err != nil {
+		t.Fatalf("agent: %v\n%s", err, a.stderr.String())
+	}
+	if !strings.Contains(a.stderr.String(), "tls=true mtls=true") {
+		t.Errorf("the agent's log does not say it serves xDS over mutual TLS:\n%s", a.stderr.String())
 	}
 }

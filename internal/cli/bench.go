@@ -58,12 +58,13 @@ groups (comma-separated or repeated; default all):
                sending RPCs in a tight loop, 200 new backends (real gRPC
                servers) each timed from RegisterEndpoint's return to the
                first RPC it answers (p50/p99/max), under 100 changes/s on
-               other services. Then fan-out: 1000 raw ADS streams (EDS
-               of 20 of 200 services each) against one registrar process,
-               100 registrations/s for 10s, delivery p50/p99 and registrar
-               CPU and peak RSS, beside 1000 WatchEndpoints streams on the
-               same services. With --quick: 20 backends, no churn; 100
-               streams for 3s.
+               other services. Then fan-out, at 1k, 5k and 10k streams
+               each on 20 of 3k services, 100 registrations/s for 10s,
+               against one registrar process: raw ADS streams (EDS, state
+               of the world, then delta) beside WatchEndpoints streams,
+               each in a fresh world; delivery p50/p99, registrar CPU and
+               peak RSS. With --quick: 20 backends, no churn; 50 streams
+               for 2s.
 
 It prints a summary, rewrites the sections of --out (docs/benchmarks.md by
 default; --out "" writes nothing) for the groups it ran, and prints the

@@ -99,9 +99,9 @@ func newXDSStatusCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show every xDS client connected to a registrar and whether it runs the latest config",
-		Long: `Show every xDS stream open on a registrar's --xds-addr, as istioctl
-proxy-status does: the client's node id, its locality, the protocol variant
+		Short: "Show every xDS client connected to a registrar or an agent and whether it runs the latest config",
+		Long: `Show every xDS stream open on a registrar's or an agent's --xds-addr, as
+istioctl proxy-status does: the client's node id, its locality, the protocol variant
 (sotw: state of the world, delta: incremental; with the per-type service
 when the stream is not ADS), and for each resource type (CDS, EDS, LDS,
 RDS) its state and version:
@@ -114,18 +114,21 @@ RDS) its state and version:
   NOT_SENT  the client asked and was sent nothing yet
   -         the stream does not carry the type
 
-It reads /xds/status from the registrar's HTTP port (its --http-addr),
-which a registrar serves only with --xds-addr. With TLS on the registrar
-(--tls-cert), pass --cacert; the HTTP port asks for no client certificate.`,
+It reads /xds/status from the HTTP port (--http-addr) of a registrar or
+of an agent, which serve it only with --xds-addr; both serve the same
+document. With TLS on the registrar (--tls-cert), pass --cacert; the
+HTTP port asks for no client certificate. An agent's HTTP port is
+plaintext (its --xds-tls-* flags secure the xDS port only).`,
 		Example: `  aether xds status
-  aether xds status --http-addr 10.0.0.5:8081 --cacert pki/ca.pem -o json`,
+  aether xds status --http-addr 10.0.0.5:8081 --cacert pki/ca.pem -o json
+  aether xds status --http-addr 127.0.0.1:15000   # an agent's --http-addr`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkOutput(output, "table", "json"); err != nil {
 				return err
 			}
 			if _, _, err := net.SplitHostPort(addr); err != nil {
-				return fmt.Errorf("--http-addr %q: want host:port, the registrar's --http-addr", addr)
+				return fmt.Errorf("--http-addr %q: want host:port, the registrar's or agent's --http-addr", addr)
 			}
 			if timeout <= 0 {
 				return fmt.Errorf("--timeout %s: must be positive (e.g. 5s)", timeout)
@@ -146,14 +149,14 @@ which a registrar serves only with --xds-addr. With TLS on the registrar
 				return err
 			}
 			if len(doc.Clients) == 0 {
-				fmt.Fprintln(cmd.ErrOrStderr(), "no xDS client is connected to the registrar at --http-addr "+addr)
+				fmt.Fprintln(cmd.ErrOrStderr(), "no xDS client is connected to the xDS server whose HTTP port is --http-addr "+addr)
 			}
 			return writeXDSStatus(cmd.OutOrStdout(), doc)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&addr, "http-addr", server.DefaultHTTPAddr, "the registrar's HTTP address (its --http-addr), where it serves /xds/status")
-	f.DurationVar(&timeout, "timeout", 5*time.Second, "timeout of the request to the registrar")
+	f.StringVar(&addr, "http-addr", server.DefaultHTTPAddr, "the HTTP address (--http-addr) of the registrar or agent, where it serves /xds/status")
+	f.DurationVar(&timeout, "timeout", 5*time.Second, "timeout of the request")
 	f.StringVarP(&output, "output", "o", "table", "output format: table or json")
 	addTLSFlags(f, &tf)
 	return cmd
@@ -182,13 +185,13 @@ func fetchXDSStatus(ctx context.Context, addr string, timeout time.Duration, tf 
 		msg := err.Error()
 		switch {
 		case strings.Contains(msg, "first record does not look like a TLS handshake"):
-			return nil, fmt.Errorf("GET %s: the registrar's HTTP port is plaintext: leave --cacert, --cert and --key out (and AETHER_CACERT, AETHER_CERT, AETHER_KEY)", url)
+			return nil, fmt.Errorf("GET %s: the HTTP port is plaintext (an agent's always is): leave --cacert, --cert and --key out (and AETHER_CACERT, AETHER_CERT, AETHER_KEY)", url)
 		case strings.Contains(msg, "x509") || strings.Contains(msg, "tls:"):
 			return nil, fmt.Errorf("GET %s: %v: check that --cacert is the CA that issued the registrar's certificate", url, err)
 		case ctx.Err() != nil:
-			return nil, fmt.Errorf("GET %s: the registrar did not answer within %s (raise --timeout or AETHER_TIMEOUT)", url, timeout)
+			return nil, fmt.Errorf("GET %s: no answer within %s (raise --timeout or AETHER_TIMEOUT)", url, timeout)
 		}
-		return nil, fmt.Errorf("cannot reach the registrar's HTTP port at %s: %v; is \"aether registrar\" running there? (set --http-addr or AETHER_HTTP_ADDR to its --http-addr)", addr, err)
+		return nil, fmt.Errorf("cannot reach the HTTP port at %s: %v; is \"aether registrar\" or \"aether agent\" running there with --http-addr %s? (set --http-addr or AETHER_HTTP_ADDR to its --http-addr)", addr, err, addr)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
@@ -199,13 +202,13 @@ func fetchXDSStatus(ctx context.Context, addr string, timeout time.Duration, tf 
 	case resp.StatusCode == http.StatusBadRequest && strings.Contains(string(body), "HTTPS server"):
 		return nil, fmt.Errorf("GET %s: the registrar's HTTP port serves TLS: pass --cacert (or AETHER_CACERT) with the CA of its certificate", url)
 	case resp.StatusCode == http.StatusNotFound:
-		return nil, fmt.Errorf("the registrar at --http-addr %s serves no xDS (no /xds/status): start it with --xds-addr to serve xDS clients", addr)
+		return nil, fmt.Errorf("the registrar or agent at --http-addr %s serves no xDS (no /xds/status): start it with --xds-addr to serve xDS clients", addr)
 	case resp.StatusCode != http.StatusOK:
 		return nil, fmt.Errorf("GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
 	}
 	var doc xds.StatusDocument
 	if err := json.Unmarshal(body, &doc); err != nil {
-		return nil, fmt.Errorf("GET %s: not an xDS status document (%v); is --http-addr an aether registrar's --http-addr?", url, err)
+		return nil, fmt.Errorf("GET %s: not an xDS status document (%v); is --http-addr an aether registrar's or agent's --http-addr?", url, err)
 	}
 	return &doc, nil
 }
@@ -272,7 +275,7 @@ func typeCell(ts xds.TypeStatus, ok bool) string {
 
 func localityString(l *xds.NodeLocality) string {
 	if l == nil {
-		return "-" // none sent: served as the registrar's own
+		return "-" // none sent: served as the server's own (the registrar's or agent's)
 	}
 	s := l.Region + "/" + l.Zone
 	if l.SubZone != "" {

@@ -122,7 +122,7 @@ func TestXDSStatusErrorsNameTheFlag(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--http-addr", down}, "cannot reach the registrar's HTTP port at " + down},
+		{[]string{"--http-addr", down}, "cannot reach the HTTP port at " + down},
 		{[]string{"--http-addr", down}, "set --http-addr or AETHER_HTTP_ADDR"},
 		{[]string{"--http-addr", noXDS.srv.HTTPAddr()}, "serves no xDS (no /xds/status): start it with --xds-addr"},
 		{[]string{"--http-addr", noXDS.srv.HTTPAddr(), "--cacert", "/nonexistent/ca.pem"}, "--cacert/--cert/--key"},
