@@ -27,7 +27,7 @@
 // see serve.go for how connections are told apart. Besides etcd's KV,
 // Watch, Lease, Maintenance, Cluster and Auth services the port serves
 // etcd's Lock and Election services (lockelect.go) and the edge store's own
-// aether.edge.v1.Edge (ext.go).
+// aether.edge.v1.Edge (ext.go). Replicas sync on the peer URLs: see sync.go.
 package edge
 
 import (
@@ -94,6 +94,12 @@ type Config struct {
 	// etcd's default (10 minutes); values under 100ms are raised to 100ms
 	// as etcd does.
 	WatchProgressNotifyInterval time.Duration
+	// SyncPeers names the members this replica syncs with (sync.go); empty
+	// means every other member of the initial cluster.
+	SyncPeers []string
+	// SyncInterval is the anti-entropy probe interval; 0 means
+	// DefaultSyncInterval.
+	SyncInterval time.Duration
 }
 
 // Server is one running edge replica.
@@ -106,6 +112,7 @@ type Server struct {
 	commit  *committer
 	hub     *hub
 	metrics *serverMetrics
+	sync    *syncer // replication (sync.go)
 
 	memberID, clusterID uint64
 	members             []member
@@ -198,6 +205,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 
 	s.metrics = newServerMetrics(s)
+	s.sync = newSyncer(s)
 	var err error
 	if s.members, err = clusterMembers(cfg); err != nil {
 		return nil, err
@@ -219,6 +227,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}()
 
 	if err := s.serve(); err != nil {
+		return nil, errors.Join(err, s.Close(context.Background()))
+	}
+	if err := s.sync.start(); err != nil {
 		return nil, errors.Join(err, s.Close(context.Background()))
 	}
 	s.ready.Store(true)
@@ -250,7 +261,7 @@ func (s *Server) recover(ctx context.Context) error {
 		if err := s.st.Replay(r.Change, r.Index, r.Rev); err != nil {
 			return fmt.Errorf("replay change %d (rev %d): %w", r.Index, r.Rev, err)
 		}
-		return nil
+		return s.sync.log.addRecovered(r.Index, r.ID, r.Change)
 	})
 	if err != nil {
 		return fmt.Errorf("edge: recover from %s: %w", s.cfg.DataDir, err)
@@ -362,6 +373,12 @@ func (s *Server) Close(ctx context.Context) error {
 				// past the deadline cut them.
 				s.grpc.Stop()
 				<-done
+			}
+		}
+		if s.sync != nil {
+			// Before the committer closes: receivers hand it changes.
+			if err := s.sync.close(); err != nil {
+				errs = append(errs, fmt.Errorf("edge: close sync: %w", err))
 			}
 		}
 		for _, h := range s.http {
