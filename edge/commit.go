@@ -81,6 +81,7 @@ func (c *committer) add(ap *core.Applied) *batch {
 	b.applied = append(b.applied, ap)
 	c.mu.Unlock()
 	c.s.sync.applied(ap)
+	c.s.quotaUsed.Add(eventsCost(ap.Events))
 	select {
 	case c.kick <- struct{}{}:
 	default:

@@ -141,7 +141,8 @@ func (s *Server) mountHTTP(mux *http.ServeMux) {
 			})
 			return err
 		},
-		// The edge store raises no alarms (maintenance.go: Alarm).
+		// NOSPACE, the one alarm the edge store raises (quota.go).
+		Alarms: func() []*pb.AlarmMember { return s.activeAlarms(pb.AlarmType_NONE) },
 	})
 	if err != nil {
 		// Only a registry conflict on the server's own, fresh registry:

@@ -168,6 +168,9 @@ func (k *kvServer) Put(ctx context.Context, r *pb.PutRequest) (*pb.PutResponse, 
 	if err := k.s.checkSize(&pb.InternalRaftRequest{Put: r}); err != nil {
 		return nil, err
 	}
+	if err := k.s.checkQuota(costPut(r)); err != nil {
+		return nil, err
+	}
 	var resp *pb.PutResponse
 	rev, err := k.s.write(ctx, func(now time.Time) (ap *core.Applied, err error) {
 		resp, ap, err = k.s.st.Put(now, r)
@@ -218,6 +221,9 @@ func (k *kvServer) Txn(ctx context.Context, r *pb.TxnRequest) (*pb.TxnResponse, 
 			return nil, err
 		}
 	}
+	if err := k.s.checkQuota(costTxn(r)); err != nil {
+		return nil, err
+	}
 	var resp *pb.TxnResponse
 	rev, err := k.s.write(ctx, func(now time.Time) (ap *core.Applied, err error) {
 		resp, ap, err = k.s.st.Txn(now, r)
@@ -255,6 +261,9 @@ func (k *kvServer) Compact(ctx context.Context, r *pb.CompactionRequest) (*pb.Co
 	}
 	s.hub.setCompacted(compacted)
 	s.noteCompactionHash(r.Revision, prev)
+	s.mu.RLock()
+	s.recountQuota()
+	s.mu.RUnlock()
 	// Persist the compaction only once the changes up to it are durable,
 	// so a crash can never leave a compaction past the stored log.
 	if err := b.wait(ctx); err != nil {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -271,5 +272,80 @@ func TestHashKVCompactRevisionLikeEtcd(t *testing.T) {
 	s := startServer(t, "", nil)
 	if got := run(newClient(t, s), s.ClientURLs()[0]); got != want {
 		t.Fatalf("edge: %s\netcd: %s", got, want)
+	}
+}
+
+// etcd's tests/common TestAlarm, against the edge store: a small quota,
+// puts until "database space exceeded" raises NOSPACE, writes refused while
+// it is active, compaction and defragmentation make room, disarming
+// restores writes; the alarm survives a restart.
+func TestQuotaNoSpaceAlarm(t *testing.T) {
+	dir := t.TempDir()
+	quota := func(c *Config) { c.QuotaBackendBytes = 13 * 4096 }
+	s := startServer(t, dir, quota)
+	c := newClient(t, s)
+	ctx := testCtx(t)
+	if _, err := c.Put(ctx, "1st_test", strings.Repeat("a", 64)); err != nil {
+		t.Fatal(err)
+	}
+	buf := strings.Repeat("b", 4096)
+	puts := 0
+	for {
+		_, err := c.Put(ctx, "2nd_test", buf)
+		if err != nil {
+			if !errors.Is(err, rpctypes.ErrNoSpace) {
+				t.Fatalf("put over the quota: %v", err)
+			}
+			break
+		}
+		if puts++; puts > 100 {
+			t.Fatal("the quota never ran out")
+		}
+	}
+	al, err := c.AlarmList(ctx)
+	if err != nil || len(al.Alarms) != 1 || al.Alarms[0].Alarm != pb.AlarmType_NOSPACE || al.Alarms[0].MemberID != s.MemberID() {
+		t.Fatalf("alarms: %+v %v", al, err)
+	}
+	if _, err := c.Put(ctx, "3rd_test", "small"); !errors.Is(err, rpctypes.ErrNoSpace) {
+		t.Fatalf("put while NOSPACE is active: %v", err)
+	}
+	if _, err := c.Grant(ctx, 10); !errors.Is(err, rpctypes.ErrNoSpace) {
+		t.Fatalf("lease grant while NOSPACE is active: %v", err)
+	}
+	if _, err := c.Delete(ctx, "1st_test"); err != nil {
+		t.Fatalf("delete while NOSPACE is active: %v", err)
+	}
+	st, err := c.Status(ctx, s.ClientURLs()[0])
+	if err != nil || len(st.Errors) != 1 || st.DbSizeQuota != 13*4096 {
+		t.Fatalf("status: %+v %v", st, err)
+	}
+	closeServer(t, s)
+
+	s = startServer(t, dir, quota)
+	c = newClient(t, s)
+	al, err = c.AlarmList(ctx)
+	if err != nil || len(al.Alarms) != 1 {
+		t.Fatalf("alarms after a restart: %+v %v", al, err)
+	}
+	gr, _ := c.Get(ctx, "x")
+	if _, err := c.Compact(ctx, gr.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Defragment(ctx, s.ClientURLs()[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(ctx, "4th_test", "small"); !errors.Is(err, rpctypes.ErrNoSpace) {
+		t.Fatalf("put before disarming: %v", err)
+	}
+	for _, a := range al.Alarms {
+		if _, err := c.AlarmDisarm(ctx, (*clientv3.AlarmMember)(a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.Put(ctx, "4th_test", "small"); err != nil {
+		t.Fatalf("put after compaction and disarming: %v", err)
+	}
+	if al, _ := c.AlarmList(ctx); len(al.Alarms) != 0 {
+		t.Fatalf("alarms after disarming: %v", al.Alarms)
 	}
 }

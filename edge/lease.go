@@ -23,6 +23,9 @@ func (l *leaseServer) LeaseGrant(ctx context.Context, r *pb.LeaseGrantRequest) (
 	if err := l.s.checkSize(&pb.InternalRaftRequest{LeaseGrant: r}); err != nil {
 		return nil, err
 	}
+	if err := l.s.checkQuota(leaseOverhead); err != nil {
+		return nil, err
+	}
 	var resp *pb.LeaseGrantResponse
 	var expiry time.Time
 	rev, err := l.s.write(ctx, func(now time.Time) (ap *core.Applied, err error) {

@@ -17,10 +17,6 @@ const Version = "3.7.3"
 // storageVersion is etcd 3.7's storage schema version as Status reports it.
 const storageVersion = "3.7.0"
 
-// defaultQuotaBytes is etcd's default backend quota (2 GiB), reported in
-// Status; the edge store enforces no quota.
-const defaultQuotaBytes = 2 * 1024 * 1024 * 1024
-
 type maintenanceServer struct {
 	pb.UnimplementedMaintenanceServer
 	s *Server
@@ -45,12 +41,16 @@ func (m *maintenanceServer) Status(ctx context.Context, r *pb.StatusRequest) (*p
 		RaftIndex:        index,
 		RaftTerm:         raftTerm,
 		RaftAppliedIndex: index,
-		DbSizeQuota:      defaultQuotaBytes,
+		DbSizeQuota:      s.quota,
 		StorageVersion:   storageVersion,
 		DowngradeInfo:    &pb.DowngradeInfo{},
 	}
 	if err := s.failure(); err != nil {
 		resp.Errors = append(resp.Errors, err.Error())
+	}
+	// etcd lists the active alarms as errors.
+	for _, a := range s.activeAlarms(pb.AlarmType_NONE) {
+		resp.Errors = append(resp.Errors, a.String())
 	}
 	return resp, nil
 }
@@ -136,23 +136,42 @@ func (m *maintenanceServer) Defragment(ctx context.Context, r *pb.DefragmentRequ
 	return &pb.DefragmentResponse{}, nil
 }
 
-// Alarm: the edge store raises no alarms (no quota, no corruption checks),
-// so the list is always empty. Activating one is refused (nothing would
-// ever clear it on its own); deactivating one that is not active succeeds,
-// as in etcd.
+// Alarm is etcd's: GET lists this member's active alarms (of a type, or
+// all), ACTIVATE raises one, DEACTIVATE clears one (answering it when it
+// was active). The edge store raises NOSPACE itself (quota.go) and enforces
+// it; CORRUPT it never raises (no corruption checker), and activating it by
+// hand is refused since nothing here would act on it.
 func (m *maintenanceServer) Alarm(ctx context.Context, r *pb.AlarmRequest) (*pb.AlarmResponse, error) {
 	s := m.s
+	resp := &pb.AlarmResponse{Alarms: []*pb.AlarmMember{}}
 	switch r.Action {
-	case pb.AlarmRequest_GET, pb.AlarmRequest_DEACTIVATE:
-		return &pb.AlarmResponse{Header: s.header(nil, s.currentRev()), Alarms: []*pb.AlarmMember{}}, nil
+	case pb.AlarmRequest_GET:
+		resp.Alarms = s.activeAlarms(r.Alarm)
 	case pb.AlarmRequest_ACTIVATE:
-		if r.Alarm == pb.AlarmType_NONE {
+		switch r.Alarm {
+		case pb.AlarmType_NONE:
 			// etcd ignores it the same way.
-			return &pb.AlarmResponse{Header: s.header(nil, s.currentRev()), Alarms: []*pb.AlarmMember{}}, nil
+		case pb.AlarmType_NOSPACE:
+			if _, err := s.setAlarm(r.Alarm, true); err != nil {
+				return nil, status.Error(codes.Unavailable, err.Error())
+			}
+			resp.Alarms = append(resp.Alarms, &pb.AlarmMember{MemberID: s.memberID, Alarm: r.Alarm})
+		default:
+			return nil, status.Errorf(codes.Unimplemented, "edge: activating the %s alarm is not supported: the edge store would not act on it", r.Alarm)
 		}
-		return nil, status.Error(codes.Unimplemented, "edge: the edge store raises no alarms; activating one is not supported")
+	case pb.AlarmRequest_DEACTIVATE:
+		was, err := s.setAlarm(r.Alarm, false)
+		if err != nil {
+			return nil, status.Error(codes.Unavailable, err.Error())
+		}
+		if was {
+			resp.Alarms = append(resp.Alarms, &pb.AlarmMember{MemberID: s.memberID, Alarm: r.Alarm})
+		}
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "edge: unknown alarm action %d", r.Action)
 	}
-	return nil, status.Errorf(codes.InvalidArgument, "edge: unknown alarm action %d", r.Action)
+	resp.Header = s.header(nil, s.currentRev())
+	return resp, nil
 }
 
 func (m *maintenanceServer) Snapshot(r *pb.SnapshotRequest, srv pb.Maintenance_SnapshotServer) error {

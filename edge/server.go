@@ -100,6 +100,9 @@ type Config struct {
 	// SyncInterval is the anti-entropy probe interval; 0 means
 	// DefaultSyncInterval.
 	SyncInterval time.Duration
+	// QuotaBackendBytes is etcd's --quota-backend-bytes: 0 means etcd's
+	// default (2 GiB), negative no quota. See quota.go for what it bounds.
+	QuotaBackendBytes int64
 }
 
 // Server is one running edge replica.
@@ -124,6 +127,12 @@ type Server struct {
 	// mu is the state lock: every use of st holds it (reads: RLock).
 	mu sync.RWMutex
 	st *core.State
+
+	// quota (bytes, <0: none), the retained history it bounds, and the
+	// alarms (quota.go).
+	quota     int64
+	quotaUsed atomic.Int64
+	alarms    alarmSet
 
 	// compactionHashes: see maintenance.go (HashKV).
 	hashMu           sync.Mutex
@@ -175,6 +184,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		maxRequestBytes:  cfg.MaxRequestBytes,
 		maxTxnOps:        cfg.MaxTxnOps,
 		progressInterval: cfg.WatchProgressNotifyInterval,
+		quota:            quotaLimit(cfg.QuotaBackendBytes),
 		leaseKick:        make(chan struct{}, 1),
 		closing:          make(chan struct{}),
 	}
@@ -247,8 +257,20 @@ func (s *Server) recover(ctx context.Context) error {
 		return err
 	}
 	s.memberID, s.clusterID = ids[0], ids[1]
+	if err := s.loadAlarms(); err != nil {
+		return err
+	}
 	s.st = core.New(core.ReplicaID(s.memberID))
 	s.st.SetMaxTxnOps(s.maxTxnOps)
+	// Storage can hold a checkpoint (a state snapshot bounding the log),
+	// but the core has no snapshot encoding yet, so this server never
+	// writes one; refuse a data dir that has one rather than replay only
+	// the changes after it.
+	if idx, _, err := s.store.Snapshot(); err != nil {
+		return fmt.Errorf("edge: read checkpoint: %w", err)
+	} else if idx > 0 {
+		return fmt.Errorf("edge: %s holds a checkpoint at index %d, which this build cannot restore", s.cfg.DataDir, idx)
+	}
 	n := 0
 	compacted, err := s.store.Load(func(r storage.Record) error {
 		n++
@@ -281,6 +303,7 @@ func (s *Server) recover(ctx context.Context) error {
 	// etcd's behaviour after a restart: every lease gets its full TTL again,
 	// since the time the server was down must not expire them.
 	s.st.PromoteLeases(s.now())
+	s.recountQuota()
 	s.log.Info("recovered", "changes", n, "revision", s.st.Rev(), "index", s.st.Index(), "compacted", compacted)
 	return nil
 }

@@ -94,7 +94,6 @@ var edgeOtherFlags = []edgeOtherFlag{
 	{name: "max-wals", def: "5", class: edgeIgnored},
 	{name: "wal-dir", def: "", class: edgeIgnored},
 	{name: "unsafe-no-fsync", def: "false", isBool: true, class: edgeIgnored},
-	{name: "quota-backend-bytes", def: "0", class: edgeIgnored},
 	{name: "backend-batch-interval", def: "0s", class: edgeIgnored},
 	{name: "backend-batch-limit", def: "0", class: edgeIgnored},
 	{name: "backend-bbolt-freelist-type", def: "", class: edgeIgnored},
@@ -217,6 +216,7 @@ type edgeSettings struct {
 	ClientTLS, PeerTLS                                                       *tls.Config
 	MaxRequestBytes, MaxTxnOps                                               int
 	WatchProgressNotifyInterval                                              time.Duration
+	QuotaBackendBytes                                                        int64
 	Logger                                                                   *slog.Logger
 
 	// Ignored are the ignored flags that were set, sorted; already logged.
@@ -248,6 +248,7 @@ type edgeFlags struct {
 	logLevel, logger, logOutputs, logFormat    string
 	maxRequestBytes, maxTxnOps                 uint
 	progressInterval                           time.Duration
+	quotaBackendBytes                          int64
 	version                                    bool
 	other                                      map[string]*capturedFlag
 	experimental                               map[string]*capturedFlag
@@ -291,6 +292,7 @@ func newEdgeFlags(args []string) *edgeFlags {
 	fs.UintVar(&f.maxRequestBytes, "max-request-bytes", edgeDefaultMaxRequest, "Maximum client request size in bytes the server will accept.")
 	fs.UintVar(&f.maxTxnOps, "max-txn-ops", edgeDefaultMaxTxnOps, "Maximum number of operations permitted in a transaction.")
 	fs.DurationVar(&f.progressInterval, "watch-progress-notify-interval", 0, "Duration of periodic watch progress notifications (0 is etcd's 10 minutes).")
+	fs.Int64Var(&f.quotaBackendBytes, "quota-backend-bytes", 0, "Raise a NOSPACE alarm when the history kept since the last compaction exceeds this many bytes (0 is etcd's 2 GiB).")
 	fs.BoolVar(&f.version, "version", false, "Print the version and exit.")
 	for _, o := range edgeOtherFlags {
 		c := &capturedFlag{value: o.def, isBool: o.isBool}
@@ -521,6 +523,10 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 		return errors.New("--watch-progress-notify-interval must not be negative")
 	}
 	s.WatchProgressNotifyInterval = f.progressInterval
+	if f.quotaBackendBytes < 0 {
+		return errors.New("--quota-backend-bytes must not be negative")
+	}
+	s.QuotaBackendBytes = f.quotaBackendBytes
 
 	client := transport.TLSInfo{CertFile: f.certFile, KeyFile: f.keyFile, TrustedCAFile: f.trustedCA, ClientCertAuth: f.clientCertAuth}
 	if s.ClientTLS, err = f.tlsConfig("client", client, f.autoTLS, s.ListenClientURLs, filepath.Join(s.DataDir, "fixtures", "client"), s.Logger); err != nil {

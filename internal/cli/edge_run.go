@@ -32,6 +32,7 @@ func (s *edgeSettings) edgeConfig() edge.Config {
 		MaxTxnOps:                   s.MaxTxnOps,
 		Logger:                      s.Logger,
 		WatchProgressNotifyInterval: s.WatchProgressNotifyInterval,
+		QuotaBackendBytes:           s.QuotaBackendBytes,
 	}
 }
 

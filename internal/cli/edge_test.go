@@ -153,7 +153,7 @@ func TestEdgeAcceptsTheE2EHarnessCommandLine(t *testing.T) {
 	dir := t.TempDir()
 	res := mustEdge(t, nil, harnessArgs(dir)...)
 	s := res.settings
-	if s.Name != "TestKVPut-test-0" || s.DataDir != dir || s.InitialClusterToken != "new" {
+	if s.Name != "TestKVPut-test-0" || s.DataDir != dir || s.InitialClusterToken != "new" || s.QuotaBackendBytes != 8589934592 {
 		t.Errorf("settings = %+v", s)
 	}
 	if !reflect.DeepEqual(s.ListenClientURLs, mustURLs(t, "http://localhost:20000")) {
@@ -162,7 +162,7 @@ func TestEdgeAcceptsTheE2EHarnessCommandLine(t *testing.T) {
 	if want := map[string][]url.URL{"TestKVPut-test-0": mustURLs(t, "http://localhost:20001")}; !reflect.DeepEqual(s.InitialCluster, want) {
 		t.Errorf("initial cluster = %v", s.InitialCluster)
 	}
-	wantIgnored := []string{"--quota-backend-bytes", "--snapshot-catchup-entries", "--snapshot-count", "--strict-reconfig-check"}
+	wantIgnored := []string{"--snapshot-catchup-entries", "--snapshot-count", "--strict-reconfig-check"}
 	if !reflect.DeepEqual(s.Ignored, wantIgnored) {
 		t.Errorf("ignored = %v, want %v", s.Ignored, wantIgnored)
 	}

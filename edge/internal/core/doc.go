@@ -93,6 +93,26 @@
 // expires by the clock of the replica that granted it (ExpireLeases only
 // revokes this replica's), and its expiry is one change.
 //
+// # Use from the shell
+//
+//   - Calls are serialised (State is not safe for concurrent use).
+//   - A write returns its Applied; persist Applied.Encoded with its Index
+//     and Rev before acknowledging, publish Applied.Events to watchers. A
+//     refused request returns an error and changes nothing.
+//   - Responses carry a header with only Revision set; the shell adds
+//     cluster, member and raft term. LeaseTimeToLive answers TTL -1 for an
+//     unknown lease with no error, as etcd's gRPC layer does.
+//   - Watch catch-up: Events(from, key, end) for from in [CompactRev, Rev]
+//     (etcd cancels a watch only for start < compaction revision), with
+//     PrevKv filled as etcd's watch fills it; drop PrevKv for watchers that
+//     did not ask for it.
+//   - Restart: New, Replay every stored change in index order, Compact at
+//     the stored compaction revision if one was stored, then
+//     PromoteLeases(now). CompactRev is -1 until the first compaction.
+//   - History is kept in memory until compacted (etcd keeps it on disk):
+//     the shell should compact (etcd's --auto-compaction-*), or memory
+//     grows with every write.
+//
 // The state keeps the byte slices of the requests it applies (keys and
 // values are not copied), and the events and responses it returns share
 // them: neither side may modify them afterwards. Everything else returned

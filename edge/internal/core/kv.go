@@ -230,13 +230,13 @@ func (s *State) put(w *writer, req *pb.PutRequest) *pb.PutResponse {
 			}
 		}
 	}
-	val, lease := req.GetValue(), req.GetLease()
+	value, lease := req.GetValue(), req.GetLease()
 	if prev != nil {
 		// etcd would dereference a missing previous value here and crash;
 		// checkPut makes that unreachable but for a Txn deleting the key
 		// first, where keeping the request's own fields is the sane choice.
 		if req.GetIgnoreValue() {
-			val = prev.Value
+			value = prev.Value
 		}
 		if req.GetIgnoreLease() {
 			lease = prev.Lease
@@ -245,7 +245,7 @@ func (s *State) put(w *writer, req *pb.PutRequest) *pb.PutResponse {
 			resp.PrevKv = prev
 		}
 	}
-	w.put(req.GetKey(), val, lease)
+	w.put(req.GetKey(), value, lease)
 	resp.Header.Revision = w.begin + 1
 	return resp
 }

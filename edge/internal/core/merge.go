@@ -28,6 +28,13 @@ func (s *State) Merge(now time.Time, encoded []byte) (*Applied, error) {
 	if _, ok := s.known[hashOf(encoded)]; ok {
 		return nil, nil
 	}
+	if c.Replica == s.id {
+		// Our own change, unknown here: this replica lost its log. Its
+		// local changes replay as made, merged ones by the rule, so a
+		// change of ours must not come back as merged; a replica that lost
+		// its log rejoins under a new id.
+		return nil, fmt.Errorf("core: merge: change %s of this replica (%d) is not in its log: rejoin under a new replica id", hashOf(encoded), s.id)
+	}
 	if err := s.checkParents(c); err != nil {
 		return nil, err
 	}
@@ -39,9 +46,6 @@ func (s *State) Merge(now time.Time, encoded []byte) (*Applied, error) {
 	// local view.)
 	w := s.newWriter()
 	s.mergeOps(w, c)
-	if c.Replica == s.id {
-		s.noteLeaseIDs(c) // our own change, lost here and sent back by a peer
-	}
 	return s.record(c, encoded, w), nil
 }
 
@@ -101,7 +105,6 @@ func (s *State) mergeOps(w *writer, c *Change) {
 		case OpLeaseRevoke:
 			delete(s.leases, op.Lease)
 		}
-		w.ops = append(w.ops, op)
 	}
 }
 

@@ -165,4 +165,9 @@ func TestMergeLastWriterWins(t *testing.T) {
 	if _, err := c.Merge(at(5), late.Encoded); !errors.Is(err, ErrMissingParents) {
 		t.Fatalf("merge without parents: %v", err)
 	}
+	// A replica's own change comes back only through Replay.
+	fresh := New(1)
+	if _, err := fresh.Merge(at(5), base.Encoded); err == nil {
+		t.Fatal("replica 1 merged a change of its own")
+	}
 }

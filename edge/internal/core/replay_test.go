@@ -1,12 +1,14 @@
 package core
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 )
 
 // coreApply runs one generated request and returns the changes it made.
@@ -97,9 +99,13 @@ func TestReplayReproducesState(t *testing.T) {
 					r.Grant.ID = 0 // the replica chooses
 				}
 			}
-			log = append(log, coreApply(t, a, now, r)...)
+			aps := coreApply(t, a, now, r)
 			now = now.Add(time.Duration(g.r.IntN(2000)) * time.Millisecond)
-			log = append(log, a.ExpireLeases(now)...)
+			aps = append(aps, a.ExpireLeases(now)...)
+			for _, ap := range aps {
+				checkApplied(t, a, ap)
+			}
+			log = append(log, aps...)
 			g.observe(a.Rev(), a.CompactRev(), a.leaseIDs())
 		}
 		b := New(3)
@@ -145,6 +151,10 @@ func TestReplayRefusesWhatDoesNotFit(t *testing.T) {
 		t.Error("replay with a wrong revision accepted")
 	}
 	if err := b.Replay(del.Encoded, 1, 2); err == nil {
+		t.Error("replay of a change out of order accepted")
+	}
+	forged := &Change{Replica: 1, Ops: []Op{{Kind: OpDelete, Key: []byte("nope")}}}
+	if err := b.Replay(forged.Encode(), 1, 2); err == nil {
 		t.Error("replay of a delete of a missing key accepted")
 	}
 	bad := append([]byte{}, put.Encoded...)
@@ -169,5 +179,34 @@ func TestReplayRefusesWhatDoesNotFit(t *testing.T) {
 	}
 	if b.Rev() != a.Rev() || b.Index() != a.Index() {
 		t.Fatalf("replayed rev %d index %d, want %d %d", b.Rev(), b.Index(), a.Rev(), a.Index())
+	}
+}
+
+// checkApplied holds an Applied to its contract: its encoding is its
+// change's, its id the hash, and the events published live are the ones a
+// watch catching up from its revision would get.
+func checkApplied(t *testing.T, s *State, ap *Applied) {
+	t.Helper()
+	if !bytes.Equal(ap.Change.Encode(), ap.Encoded) || ap.ID != ap.Change.ID() {
+		t.Fatalf("index %d: encoding or id is not the change's", ap.Index)
+	}
+	if ap.Rev == 0 {
+		if len(ap.Events) != 0 {
+			t.Fatalf("index %d: events without a revision", ap.Index)
+		}
+		return
+	}
+	evs, err := s.Events(ap.Rev, []byte{0}, []byte{0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var atRev []*mvccpb.Event
+	for _, ev := range evs {
+		if ev.Kv.ModRevision == ap.Rev {
+			atRev = append(atRev, ev)
+		}
+	}
+	if fmt.Sprint(atRev) != fmt.Sprint(ap.Events) {
+		t.Fatalf("index %d rev %d: published %v, catch-up gives %v", ap.Index, ap.Rev, ap.Events, atRev)
 	}
 }

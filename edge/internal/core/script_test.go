@@ -31,22 +31,61 @@ import (
 //	hashkv [rev=R]
 //	state          revision, index, compaction, heads
 //	replay         replays every change so far into a fresh state: "same" or the difference
+//	on id=N [skew=D]   later directives act on replica N (created empty), its clock D off
+//	sync from=A to=B   B merges the changes of A it lacks (part 2's Merge)
+//	winner k=K     the (stamp, replica) that decided K, per the conflict rule
 //
 // Keys, values and ends are Go string literals without the quotes ("\x00").
 // Times start at t=0 and move on by tick.
 func TestScripts(t *testing.T) {
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
-		h := &scriptHarness{s: New(1), now: time.Unix(1_800_000_000, 0)}
+		h := &scriptHarness{s: New(1), now: scriptT0, reps: map[ReplicaID]*scriptReplica{}}
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			return h.run(t, d)
 		})
 	})
 }
 
+var scriptT0 = time.Unix(1_800_000_000, 0)
+
+// scriptHarness is one script's world: the current replica (s, its log of
+// applied changes, its clock skew), the others, and the shared time.
 type scriptHarness struct {
-	s   *State
-	now time.Time
-	log []*Applied
+	s    *State
+	log  []*Applied
+	skew time.Duration
+	now  time.Time
+	reps map[ReplicaID]*scriptReplica
+}
+
+type scriptReplica struct {
+	s    *State
+	log  []*Applied
+	skew time.Duration
+}
+
+// local is the current replica's wall clock.
+func (h *scriptHarness) local() time.Time { return h.now.Add(h.skew) }
+
+// replica returns replica id's state and log, the current one included.
+func (h *scriptHarness) replica(id ReplicaID) *scriptReplica {
+	if id == h.s.Replica() {
+		return &scriptReplica{s: h.s, log: h.log, skew: h.skew}
+	}
+	r := h.reps[id]
+	if r == nil {
+		r = &scriptReplica{s: New(id)}
+		h.reps[id] = r
+	}
+	return r
+}
+
+func (h *scriptHarness) save(r *scriptReplica) {
+	if r.s == h.s {
+		h.log = r.log
+		return
+	}
+	h.reps[r.s.Replica()] = r
 }
 
 func unq(t *testing.T, d *datadriven.TestData, s string) []byte {
@@ -95,7 +134,7 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 	case "put":
 		req := &pb.PutRequest{Key: h.arg(t, d, "k"), Value: h.arg(t, d, "v"), Lease: h.num(t, d, "lease"),
 			PrevKv: d.HasArg("prev"), IgnoreValue: d.HasArg("ignore-value"), IgnoreLease: d.HasArg("ignore-lease")}
-		resp, a, err := s.Put(h.now, req)
+		resp, a, err := s.Put(h.local(), req)
 		if err == nil {
 			fmt.Fprintf(&b, "rev=%d", resp.Header.Revision)
 			if resp.PrevKv != nil {
@@ -112,7 +151,7 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		b.WriteString(rangeString(resp))
 	case "del":
-		resp, a, err := s.DeleteRange(h.now, &pb.DeleteRangeRequest{Key: h.arg(t, d, "k"), RangeEnd: h.arg(t, d, "end"), PrevKv: d.HasArg("prev")})
+		resp, a, err := s.DeleteRange(h.local(), &pb.DeleteRangeRequest{Key: h.arg(t, d, "k"), RangeEnd: h.arg(t, d, "end"), PrevKv: d.HasArg("prev")})
 		if err == nil {
 			fmt.Fprintf(&b, "rev=%d deleted=%d\n", resp.Header.Revision, resp.Deleted)
 			for _, kv := range resp.PrevKvs {
@@ -121,7 +160,7 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		applied(a, err)
 	case "txn":
-		resp, a, err := s.Txn(h.now, h.txnReq(t, d))
+		resp, a, err := s.Txn(h.local(), h.txnReq(t, d))
 		if err == nil {
 			fmt.Fprintf(&b, "succeeded=%v rev=%d\n", resp.Succeeded, resp.Header.Revision)
 			for _, r := range resp.Responses {
@@ -151,23 +190,23 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 			fmt.Fprintf(&b, "compacted at %d\n", s.CompactRev())
 		}
 	case "grant":
-		resp, a, err := s.LeaseGrant(h.now, &pb.LeaseGrantRequest{ID: h.num(t, d, "id"), TTL: h.num(t, d, "ttl")})
+		resp, a, err := s.LeaseGrant(h.local(), &pb.LeaseGrantRequest{ID: h.num(t, d, "id"), TTL: h.num(t, d, "ttl")})
 		if err == nil {
 			fmt.Fprintf(&b, "lease %d ttl=%d\n", resp.ID, resp.TTL)
 		}
 		applied(a, err)
 	case "revoke":
-		_, a, err := s.LeaseRevoke(h.now, h.num(t, d, "id"))
+		_, a, err := s.LeaseRevoke(h.local(), h.num(t, d, "id"))
 		applied(a, err)
 	case "renew":
-		ttl, err := s.LeaseRenew(h.now, h.num(t, d, "id"))
+		ttl, err := s.LeaseRenew(h.local(), h.num(t, d, "id"))
 		if err != nil {
 			fmt.Fprintf(&b, "error: %v\n", errDesc(err))
 		} else {
 			fmt.Fprintf(&b, "ttl=%d\n", ttl)
 		}
 	case "ttl":
-		resp, _ := s.LeaseTimeToLive(h.now, &pb.LeaseTimeToLiveRequest{ID: h.num(t, d, "id"), Keys: true})
+		resp, _ := s.LeaseTimeToLive(h.local(), &pb.LeaseTimeToLiveRequest{ID: h.num(t, d, "id"), Keys: true})
 		fmt.Fprintf(&b, "ttl=%d granted=%d keys=%q\n", resp.TTL, resp.GrantedTTL, resp.Keys)
 	case "tick":
 		var dur string
@@ -178,12 +217,12 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		h.now = h.now.Add(dd)
 		if next, ok := s.NextLeaseExpiry(); ok {
-			fmt.Fprintf(&b, "next expiry in %v\n", next.Sub(h.now))
+			fmt.Fprintf(&b, "next expiry in %v\n", next.Sub(h.local()))
 		} else {
 			b.WriteString("no lease to expire\n")
 		}
 	case "expire":
-		as := s.ExpireLeases(h.now)
+		as := s.ExpireLeases(h.local())
 		if len(as) == 0 {
 			b.WriteString("nothing expired\n")
 		}
@@ -208,8 +247,59 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 		} else {
 			fmt.Fprintf(&b, "hash=%08x rev=%d\n", hash, rev)
 		}
+	case "on":
+		// on id=N [skew=D]: later directives act on replica N, whose wall
+		// clock runs D off the shared time.
+		id := ReplicaID(h.num(t, d, "id"))
+		cur := &scriptReplica{s: h.s, log: h.log, skew: h.skew}
+		h.reps[cur.s.Replica()] = cur
+		r := h.replica(id)
+		if d.HasArg("skew") {
+			var sk string
+			d.ScanArgs(t, "skew", &sk)
+			dd, err := time.ParseDuration(sk)
+			if err != nil {
+				d.Fatalf(t, "%v", err)
+			}
+			r.skew = dd
+		}
+		delete(h.reps, id)
+		h.s, h.log, h.skew = r.s, r.log, r.skew
+		fmt.Fprintf(&b, "replica %d, clock %v\n", id, r.skew)
+	case "sync":
+		// sync from=A to=B: B merges every change of A's log it lacks.
+		from, to := h.replica(ReplicaID(h.num(t, d, "from"))), h.replica(ReplicaID(h.num(t, d, "to")))
+		n := 0
+		for _, ap := range from.log {
+			got, err := to.s.Merge(h.now.Add(to.skew), ap.Encoded)
+			if err != nil {
+				fmt.Fprintf(&b, "error: %v\n", err)
+				break
+			}
+			if got == nil {
+				continue
+			}
+			n++
+			to.log = append(to.log, got)
+			fmt.Fprintf(&b, "merged index=%d rev=%d ops=%s from replica %d at %s\n", got.Index, got.Rev, opsString(got.Change.Ops), got.Change.Replica, stampString(got.Change.Stamp))
+			for _, ev := range got.Events {
+				fmt.Fprintf(&b, "  event %s\n", eventString(ev))
+			}
+		}
+		h.save(to)
+		if n == 0 {
+			b.WriteString("nothing new\n")
+		}
+	case "winner":
+		st, r, ok := s.Winner(h.arg(t, d, "k"))
+		if !ok {
+			b.WriteString("no such key\n")
+		} else {
+			fmt.Fprintf(&b, "replica %d at %s\n", r, stampString(st))
+		}
 	case "state":
-		fmt.Fprintf(&b, "rev=%d index=%d compact=%d heads=%d\n", s.Rev(), s.Index(), s.CompactRev(), len(s.Heads()))
+		hash, _, _ := s.HashKV(0)
+		fmt.Fprintf(&b, "rev=%d index=%d compact=%d heads=%d hashkv=%08x\n", s.Rev(), s.Index(), s.CompactRev(), len(s.Heads()), hash)
 	case "replay":
 		r := New(s.Replica())
 		for _, a := range h.log {
@@ -220,8 +310,8 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 		if s.CompactRev() >= 0 {
 			_ = r.Compact(s.CompactRev())
 		}
-		r.PromoteLeases(h.now)
-		s.PromoteLeases(h.now) // both from the same instant: comparable
+		r.PromoteLeases(h.local())
+		s.PromoteLeases(h.local()) // both from the same instant: comparable
 		if da, db := dump(t, s), dump(t, r); da != db {
 			fmt.Fprintf(&b, "differs:\n%s\n---\n%s\n", da, db)
 		} else {
@@ -310,6 +400,11 @@ func (h *scriptHarness) txnReq(t *testing.T, d *datadriven.TestData) *pb.TxnRequ
 		}
 	}
 	return req
+}
+
+// stampString shows a stamp as its offset from the script's start.
+func stampString(h HLC) string {
+	return fmt.Sprintf("t=%v+%d", time.Unix(0, h.Wall).Sub(scriptT0), h.Logical)
 }
 
 func errDesc(err error) string {

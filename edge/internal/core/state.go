@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"hash/crc32"
+	"slices"
 	"sort"
 	"time"
 
@@ -19,7 +20,7 @@ type Applied struct {
 	Index   uint64
 	Rev     int64           // 0 when the change does not touch keys
 	Events  []*mvccpb.Event // Kv.ModRevision == Rev; PrevKv filled as etcd's watch fills it: the value at Rev-1, except on a create (version 1)
-	Change  *Change         // the decoded change (shares Encoded's content)
+	Change  *Change         // the change Encoded encodes
 }
 
 // DefaultMaxTxnOps is etcd's default --max-txn-ops.
@@ -77,8 +78,8 @@ type changeAt struct {
 	rev   int64
 }
 
-// revLog is one revision's events: each op's stored version (nil kv for a
-// delete) and the key's value before the change.
+// revLog is one revision's events: each put's or delete's key, the value
+// it stored (a put) and the key's value before the change.
 type revLog struct {
 	evs []logEv
 }
@@ -143,7 +144,8 @@ func (s *State) Index() uint64 { return s.index }
 func (s *State) Clock() HLC { return s.clock }
 
 // Heads is the replica's frontier: the changes no applied change has as
-// parent (one change in part 1), sorted.
+// parent (one, unless concurrent changes were merged and no local change
+// has joined them yet), sorted.
 func (s *State) Heads() []Hash { return append([]Hash(nil), s.heads...) }
 
 // RevisionOf is the revision a change got here; 0 and true for a change
@@ -518,6 +520,11 @@ func (s *State) Replay(encoded []byte, index uint64, rev int64) error {
 		s.mergeOps(w, c)
 		s.record(c, encoded, w)
 		return nil
+	}
+	// Our own change was made on our heads of the time: anything else
+	// means the log lost or reordered a change.
+	if !slices.Equal(c.Parents, s.heads) {
+		return fmt.Errorf("core: replay index %d: its parents are not the heads here: a change is missing or out of order", index)
 	}
 	if err := s.checkOps(c); err != nil {
 		return fmt.Errorf("core: replay index %d: %w", index, err)
