@@ -178,8 +178,8 @@ func (s *Server) mergeChanges(ctx context.Context, encs [][]byte) (int, error) {
 	s.mu.Lock()
 	now := s.now()
 	for _, enc := range encs {
-		// The log knows every change applied here; the core forgets old
-		// hashes at compaction.
+		// Held already: skip it without decoding (the usual duplicate is a
+		// change that reached us through another peer first).
 		if s.sync.log.has(sha256.Sum256(enc)) {
 			continue
 		}

@@ -80,9 +80,9 @@ package edge
 //     peers is the stable point. The log then keeps a per-replica base
 //     (entries below it dropped) and a peer whose vector is below the base
 //     gets a snapshot (a Hello/Ack extension: "snapshot follows") instead
-//     of a change replay. Today the core forgets change hashes at
-//     compaction (core.ErrMissingParents for a change whose parent it
-//     forgot), so compaction must wait for causal stability too.
+//     of a change replay. Compaction (local, etcd's) keeps the hashes of
+//     the changes it drops as applied, so a peer's change on an old parent
+//     still merges; GC is what will finally drop them.
 //   - Replication status: a change (R, seq) is on peer P iff P's acked
 //     vector has R >= seq (ReplicationStatus on the extension API).
 

@@ -658,3 +658,40 @@ func TestSyncLogVectorWalk(t *testing.T) {
 		t.Fatalf("lacks = %d, want 4", n)
 	}
 }
+
+// TestSyncAfterCompaction: a change whose parent the receiver applied
+// before a compaction still merges (the core forgets old hashes at
+// compaction; the receiver must not refuse the child). b pushes to a only,
+// so b's next change has the old change as parent.
+func TestSyncAfterCompaction(t *testing.T) {
+	names := []string{"a", "b", "c"} // c never runs: a pushes only to it
+	c := newTestCluster(t, names, map[string][]string{"a": {"c"}, "b": {"a"}})
+	a, b := c.start("a"), c.start("b")
+	ctx := testCtx(t)
+	ca, cb := newClient(t, a), newClient(t, b)
+	if _, err := cb.Put(ctx, "y", "1"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "a to get b's put", func() bool {
+		r, err := ca.Get(ctx, "y")
+		return err == nil && len(r.Kvs) == 1
+	})
+	var rev int64
+	for i := range 3 {
+		r, err := ca.Put(ctx, fmt.Sprintf("a%d", i), "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rev = r.Header.Revision
+	}
+	if _, err := ca.Compact(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cb.Put(ctx, "z", "2"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "a to get b's put after its compaction", func() bool {
+		r, err := ca.Get(ctx, "z")
+		return err == nil && len(r.Kvs) == 1
+	})
+}
