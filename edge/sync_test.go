@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,6 +31,7 @@ type testCluster struct {
 	dirs  map[string]string
 	peers map[string][]string // nil: complete graph
 	srv   map[string]*Server
+	mod   func(name string, cfg *Config) // optional, before each start
 }
 
 func newTestCluster(t *testing.T, names []string, peers map[string][]string) *testCluster {
@@ -71,6 +73,9 @@ func (c *testCluster) start(name string) *Server {
 		InitialCluster:    ic,
 		SyncPeers:         c.peers[name],
 		SyncInterval:      100 * time.Millisecond,
+	}
+	if c.mod != nil {
+		c.mod(name, &cfg)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -694,4 +699,67 @@ func TestSyncAfterCompaction(t *testing.T) {
 		r, err := ca.Get(ctx, "z")
 		return err == nil && len(r.Kvs) == 1
 	})
+}
+
+// offsetClock is a clock that can be moved forward, for Config.Now.
+type offsetClock struct{ off atomic.Int64 }
+
+func (c *offsetClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *offsetClock) advance(d time.Duration) { c.off.Add(int64(d)) }
+
+// TestSyncLeaseOwnedByGranter: while the granter is cut off, another
+// replica keeps showing its lease (no local expiry, keepalives refused)
+// and the keys on it, however much time passes there; the granter expires
+// the lease by its own clock, and the revoke deletes the keys elsewhere.
+func TestSyncLeaseOwnedByGranter(t *testing.T) {
+	names := []string{"a", "b"}
+	c := newTestCluster(t, names, nil)
+	clocks := map[string]*offsetClock{"a": {}, "b": {}}
+	c.mod = func(name string, cfg *Config) { cfg.Now = clocks[name].now }
+	a, b := c.start("a"), c.start("b")
+	ctx := testCtx(t)
+	ca, cb := newClient(t, a), newClient(t, b)
+	lease, err := ca.Grant(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.Put(ctx, "l", "v", clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "b to get the leased key", func() bool {
+		r, err := cb.Get(ctx, "l")
+		return err == nil && len(r.Kvs) == 1 && r.Kvs[0].Lease == int64(lease.ID)
+	})
+	c.stop("a") // the owner is cut off
+	clocks["b"].advance(time.Hour)
+	r, err := cb.Get(ctx, "l")
+	if err != nil || len(r.Kvs) != 1 {
+		t.Fatalf("b lost the key while the owner is away: %v %v", r, err)
+	}
+	ttl, err := cb.TimeToLive(ctx, lease.ID, clientv3.WithAttachedKeys())
+	if err != nil || ttl.GrantedTTL != 5 || ttl.TTL < 3600 || len(ttl.Keys) != 1 {
+		t.Fatalf("b's view of the lease: %+v %v", ttl, err)
+	}
+	if _, err := cb.KeepAliveOnce(ctx, lease.ID); err == nil {
+		t.Fatal("b renewed a lease it does not own")
+	}
+	// The owner comes back (its leases get their full TTL again, as in
+	// etcd) and its clock passes the TTL: it expires the lease, and b
+	// deletes the key as an ordinary event.
+	w := cb.Watch(ctx, "l", clientv3.WithRev(r.Header.Revision+1))
+	clocks["a"].advance(time.Minute)
+	c.start("a")
+	clocks["a"].advance(10 * time.Second)
+	select {
+	case resp := <-w:
+		if len(resp.Events) != 1 || resp.Events[0].Type != mvccpb.DELETE {
+			t.Fatalf("b's watcher: %+v", resp)
+		}
+	case <-ctx.Done():
+		t.Fatal("the owner's expiry never reached b")
+	}
+	ttl, err = cb.TimeToLive(ctx, lease.ID)
+	if err != nil || ttl.TTL != -1 {
+		t.Fatalf("b's view of the expired lease: %+v %v", ttl, err)
+	}
 }
