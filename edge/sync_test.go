@@ -3,8 +3,15 @@ package edge
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	crand "crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
 	"hash/crc32"
+	"math/big"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -15,10 +22,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	edgev1 "github.com/aethermesh/aether/api/edge/v1"
+	edgesyncv1 "github.com/aethermesh/aether/api/edgesync/v1"
 	"github.com/aethermesh/aether/edge/internal/core"
 )
 
@@ -532,12 +543,53 @@ func TestSyncConvergesUnderConcurrentWrites(t *testing.T) {
 		}
 		return true
 	})
-	for _, p := range c.srv["a"].sync.peers {
-		st := p.state()
-		if lag := c.srv["a"].sync.log.durableVector().lacks(st.acked); lag != 0 || !st.connected {
-			t.Fatalf("peer %s: lag %d connected %v", p.m.name, lag, st.connected)
+	// The metrics say the same, per peer.
+	reg := c.srv["a"].Registry()
+	n, _ := c.srv["a"].sync.log.stats()
+	if got := metricValue(t, reg, "aether_edge_dag_changes", ""); got != float64(n) || n == 0 {
+		t.Fatalf("dag changes metric %v, log holds %d", got, n)
+	}
+	for _, peer := range []string{"b", "c"} {
+		for _, m := range []string{"aether_edge_sync_rounds_total", "aether_edge_sync_changes_sent_total", "aether_edge_sync_bytes_sent_total",
+			"aether_edge_sync_changes_received_total", "aether_edge_sync_bytes_received_total", "aether_edge_sync_peer_connected"} {
+			if v := metricValue(t, reg, m, peer); v <= 0 {
+				t.Fatalf("%s{peer=%q} = %v", m, peer, v)
+			}
+		}
+		if v := metricValue(t, reg, "aether_edge_sync_lag_changes", peer); v != 0 {
+			t.Fatalf("lag to %s is %v changes after convergence", peer, v)
 		}
 	}
+}
+
+// metricValue reads one gauge or counter from reg (-1 when absent).
+func metricValue(t *testing.T, reg *prometheus.Registry, name, peer string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := peer == ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "peer" && l.GetValue() == peer {
+					match = true
+				}
+			}
+			if !match {
+				continue
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return -1
 }
 
 func TestSyncLateReplicaCatchesUp(t *testing.T) {
@@ -761,5 +813,75 @@ func TestSyncLeaseOwnedByGranter(t *testing.T) {
 	ttl, err = cb.TimeToLive(ctx, lease.ID)
 	if err != nil || ttl.TTL != -1 {
 		t.Fatalf("b's view of the expired lease: %+v %v", ttl, err)
+	}
+}
+
+// peerCert is a self-signed CA certificate for 127.0.0.1 usable as both
+// server and client certificate (mTLS between peers).
+func peerCert(t *testing.T) (tls.Certificate, *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(2),
+		Subject:               pkix.Name{CommonName: "edge-peer"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+	}
+	der, err := x509.CreateCertificate(crand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, pool
+}
+
+// TestSyncPeerMTLS: peers on https URLs sync over mutual TLS (the peer
+// TLS config as etcd's flags build it: a server config requiring client
+// certificates), and a caller without a client certificate is refused.
+func TestSyncPeerMTLS(t *testing.T) {
+	cert, pool := peerCert(t)
+	names := []string{"a", "b"}
+	c := newTestCluster(t, names, nil)
+	for n, u := range c.peer {
+		u.Scheme = "https"
+		c.peer[n] = u
+	}
+	c.mod = func(_ string, cfg *Config) {
+		cfg.PeerTLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS12}
+	}
+	a, b := c.start("a"), c.start("b")
+	ctx := testCtx(t)
+	acked := []map[string][]string{load(ctx, t, a, "a", 1, 30), load(ctx, t, b, "b", 2, 30)}
+	hash := waitConverged(t, c.running())
+	checkModel(t, a, hash, acked)
+
+	// No client certificate: the handshake fails, nothing is pushed.
+	conn, err := grpc.NewClient(c.peer["a"].Host, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := edgesyncv1.NewEdgeSyncClient(conn).Push(ctx)
+	if err == nil {
+		err = stream.Send(&edgesyncv1.PushRequest{Hello: &edgesyncv1.Hello{MemberId: b.MemberID(), ClusterId: b.ClusterID(), Version: syncVersion}})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+	}
+	if err == nil {
+		t.Fatal("a peer without a client certificate was served")
 	}
 }
