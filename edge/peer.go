@@ -31,6 +31,7 @@ type peer struct {
 	mu        sync.Mutex
 	connected bool
 	acked     vector    // the peer's durable vector, as last acked
+	heard     vector    // changes the peer sent us: it holds them
 	lastSync  time.Time // last ack (a completed exchange)
 	probeSeq  uint64
 	probes    map[uint64]vector // what was sent before each probe in flight
@@ -64,7 +65,7 @@ func newPeer(y *syncer, m member) (*peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("edge: peer %s: %w", m.name, err)
 	}
-	return &peer{y: y, m: m, conn: conn, client: edgesyncv1.NewEdgeSyncClient(conn), probes: map[uint64]vector{}}, nil
+	return &peer{y: y, m: m, conn: conn, client: edgesyncv1.NewEdgeSyncClient(conn), probes: map[uint64]vector{}, heard: vector{}}, nil
 }
 
 // peerClientTLS turns the peer TLS config, which etcd's flags build as a
@@ -160,7 +161,10 @@ func (p *peer) session(ctx context.Context) error {
 	tick := time.NewTicker(p.y.interval)
 	defer tick.Stop()
 	for {
-		batch, wake := p.y.log.take(cur, syncBatchChanges, syncBatchBytes)
+		p.mu.Lock()
+		heard := p.heard.clone()
+		p.mu.Unlock()
+		batch, wake := p.y.log.take(cur, heard, syncBatchChanges, syncBatchBytes)
 		if len(batch) > 0 {
 			req := &edgesyncv1.PushRequest{Changes: batch}
 			if err := stream.Send(req); err != nil {
@@ -214,6 +218,14 @@ func (p *peer) readAcks(stream edgesyncv1.EdgeSync_PushClient) error {
 	}
 }
 
+// noteHeard records that the peer holds change seq of replica r (it sent
+// it to us).
+func (p *peer) noteHeard(r core.ReplicaID, seq uint64) {
+	p.mu.Lock()
+	p.heard[r] = max(p.heard[r], seq)
+	p.mu.Unlock()
+}
+
 func (p *peer) noteAck(ack *edgesyncv1.Ack) {
 	v := vectorOf(ack.GetVector())
 	p.mu.Lock()
@@ -225,14 +237,18 @@ func (p *peer) noteAck(ack *edgesyncv1.Ack) {
 // peerState is a snapshot of what the sender knows of its peer.
 type peerState struct {
 	connected bool
-	acked     vector
+	acked     vector // acked or heard: what the peer is known to hold
 	lastSync  time.Time
 }
 
 func (p *peer) state() peerState {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return peerState{connected: p.connected, acked: p.acked.clone(), lastSync: p.lastSync}
+	held := p.acked.clone()
+	for r, n := range p.heard {
+		held[r] = max(held[r], n)
+	}
+	return peerState{connected: p.connected, acked: held, lastSync: p.lastSync}
 }
 
 // holds reports whether the peer is known to hold the change at (r, seq).

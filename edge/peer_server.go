@@ -147,7 +147,7 @@ func (h *pushServer) Push(stream edgesyncv1.EdgeSync_PushServer) error {
 		}
 		y.metrics.changesRecv.WithLabelValues(name).Add(float64(len(req.GetChanges())))
 		y.metrics.bytesRecv.WithLabelValues(name).Add(float64(proto.Size(req)))
-		n, err := s.mergeChanges(stream.Context(), req.GetChanges())
+		n, err := s.mergeChanges(stream.Context(), y.byID[hello.GetMemberId()], req.GetChanges())
 		if err != nil {
 			s.log.Warn("merging changes from a peer failed", "peer", name, "merged", n, "err", err)
 			if errors.Is(err, core.ErrMissingParents) {
@@ -165,8 +165,10 @@ func (h *pushServer) Push(stream edgesyncv1.EdgeSync_PushServer) error {
 // mergeChanges applies changes from a peer, in the order given, each
 // through core.Merge and the committer (the path of local writes), and
 // returns once they are durable: how many were new here. A change already
-// held is skipped. On an error the changes before it stay applied.
-func (s *Server) mergeChanges(ctx context.Context, encs [][]byte) (int, error) {
+// held is skipped. On an error the changes before it stay applied. from,
+// when this replica also pushes to the sender, learns that the sender
+// holds each change, before it is durable here (so it is never echoed).
+func (s *Server) mergeChanges(ctx context.Context, from *peer, encs [][]byte) (int, error) {
 	if err := s.failure(); err != nil {
 		return 0, err
 	}
@@ -180,7 +182,10 @@ func (s *Server) mergeChanges(ctx context.Context, encs [][]byte) (int, error) {
 	for _, enc := range encs {
 		// Held already: skip it without decoding (the usual duplicate is a
 		// change that reached us through another peer first).
-		if s.sync.log.has(sha256.Sum256(enc)) {
+		if r, seq, ok := s.sync.log.position(sha256.Sum256(enc)); ok {
+			if from != nil {
+				from.noteHeard(r, seq)
+			}
 			continue
 		}
 		ap, err := s.st.Merge(now, enc)
@@ -190,6 +195,9 @@ func (s *Server) mergeChanges(ctx context.Context, encs [][]byte) (int, error) {
 		}
 		if ap == nil {
 			continue
+		}
+		if from != nil {
+			from.noteHeard(ap.Change.Replica, s.sync.log.nextSeq(ap.Change.Replica))
 		}
 		b = s.commit.add(ap)
 		n++

@@ -118,6 +118,7 @@ type syncer struct {
 	metrics  *syncMetrics
 
 	peers []*peer
+	byID  map[uint64]*peer
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -126,7 +127,7 @@ type syncer struct {
 }
 
 func newSyncer(s *Server) *syncer {
-	y := &syncer{s: s, log: newSyncLog(), interval: s.cfg.SyncInterval}
+	y := &syncer{s: s, log: newSyncLog(), interval: s.cfg.SyncInterval, byID: map[uint64]*peer{}}
 	if y.interval <= 0 {
 		y.interval = DefaultSyncInterval
 	}
@@ -162,6 +163,7 @@ func (y *syncer) start() error {
 			return err
 		}
 		y.peers = append(y.peers, p)
+		y.byID[m.id] = p
 		y.wg.Add(1)
 		go func() {
 			defer y.wg.Done()

@@ -692,17 +692,17 @@ func TestSyncLogVectorWalk(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got, _ := l.take(l.newCursor(vector{}), 100, 1<<20); len(got) != 0 {
+	if got, _ := l.take(l.newCursor(vector{}), nil, 100, 1<<20); len(got) != 0 {
 		t.Fatalf("sent %d changes before any was durable", len(got))
 	}
 	l.markDurable(6)
-	cur := l.newCursor(vector{1: 2, 2: 1}) // holds a1 a2 b1
-	got, _ := l.take(cur, 100, 1<<20)
+	cur := l.newCursor(vector{1: 2, 2: 1})          // holds a1 a2 b1
+	got, _ := l.take(cur, vector{3: 1}, 100, 1<<20) // and c1, heard from it
 	var ids []byte
 	for _, g := range got {
 		ids = append(ids, g[0])
 	}
-	if want := []byte{4, 5, 6}; !slices.Equal(ids, want) {
+	if want := []byte{5, 6}; !slices.Equal(ids, want) {
 		t.Fatalf("sent %v, want %v", ids, want)
 	}
 	if !mapsEqual(cur.sent, vector{1: 3, 2: 2, 3: 1}) {
@@ -883,5 +883,25 @@ func TestSyncPeerMTLS(t *testing.T) {
 	}
 	if err == nil {
 		t.Fatal("a peer without a client certificate was served")
+	}
+}
+
+// TestSyncNoEcho: a change is not sent back to the peer it came from, nor
+// re-sent on a new stream: b, which writes nothing, sends a nothing.
+func TestSyncNoEcho(t *testing.T) {
+	c := newTestCluster(t, []string{"a", "b"}, nil)
+	a, b := c.start("a"), c.start("b")
+	ctx := testCtx(t)
+	load(ctx, t, a, "a", 1, 100)
+	waitConverged(t, c.running())
+	c.stop("a")
+	a = c.start("a")
+	load(ctx, t, a, "a", 2, 20)
+	waitConverged(t, c.running())
+	if v := metricValue(t, b.Registry(), "aether_edge_sync_changes_sent_total", "a"); v > 0 {
+		t.Fatalf("b sent a %v changes, all of them a's own", v)
+	}
+	if v := metricValue(t, a.Registry(), "aether_edge_sync_changes_sent_total", "b"); v != 20 {
+		t.Fatalf("a's new stream sent b %v changes, want the 20 new ones", v)
 	}
 }

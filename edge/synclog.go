@@ -183,6 +183,14 @@ func (l *syncLog) position(id core.Hash) (core.ReplicaID, uint64, bool) {
 	return e.replica, e.seq, true
 }
 
+// nextSeq is the place the next change of replica r applied here will
+// get in r's chain. The caller holds the state lock (so no add races it).
+func (l *syncLog) nextSeq(r core.ReplicaID) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.applied[r] + 1
+}
+
 // durableVector is the version vector of the durable changes.
 func (l *syncLog) durableVector() vector {
 	l.mu.Lock()
@@ -226,8 +234,10 @@ func (l *syncLog) newCursor(pv vector) *cursor {
 // take returns the next batch for c (at most maxN changes, maxBytes bytes
 // unless a single change is larger), advancing c, and the channel that is
 // closed when more becomes durable: taken together, under the lock, so no
-// wake-up is lost between an empty batch and the wait.
-func (l *syncLog) take(c *cursor, maxN int, maxBytes int) ([][]byte, <-chan struct{}) {
+// wake-up is lost between an empty batch and the wait. held is what the
+// peer is known to hold besides what c sent (the changes it sent us): not
+// sent back.
+func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte, <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out [][]byte
@@ -237,8 +247,10 @@ func (l *syncLog) take(c *cursor, maxN int, maxBytes int) ([][]byte, <-chan stru
 	}
 	for c.next <= l.durable && len(out) < maxN {
 		e := &l.entries[c.next-l.base]
-		if e.seq <= c.sent[e.replica] {
-			c.next++ // the peer holds it (often: it came from that peer)
+		if e.seq <= c.sent[e.replica] || e.seq <= held[e.replica] {
+			// The peer holds it (often: it came from that peer).
+			c.sent[e.replica] = max(c.sent[e.replica], e.seq)
+			c.next++
 			continue
 		}
 		if len(out) > 0 && size+len(e.enc) > maxBytes {
