@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -61,6 +62,13 @@ func newPeer(y *syncer, m member) (*peer, error) {
 		// A peer cut off without a FIN (a partition) must end the stream,
 		// so the next one starts from the peer's vector again.
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+		// grpc's default reconnect backoff starts at a second; a peer
+		// that comes back (a restart, a healed link) should be caught up
+		// as soon as it listens, so it follows ours.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: minBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff},
+			MinConnectTimeout: 5 * time.Second,
+		}),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("edge: peer %s: %w", m.name, err)

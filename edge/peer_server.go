@@ -230,6 +230,7 @@ func (y *syncer) peerStatus(hashes [][]byte) []*edgev1.PeerStatus {
 		copy(id[:], h)
 		ps[i].r, ps[i].seq, ps[i].ok = y.log.position(id)
 	}
+	mine := y.log.durableVector()
 	out := make([]*edgev1.PeerStatus, 0, len(y.peers))
 	for _, p := range y.peers {
 		st := p.state()
@@ -241,7 +242,8 @@ func (y *syncer) peerStatus(hashes [][]byte) []*edgev1.PeerStatus {
 		if !st.lastSync.IsZero() {
 			last = st.lastSync.UnixNano()
 		}
-		out = append(out, &edgev1.PeerStatus{MemberId: p.m.id, Name: p.m.name, Has: has, LastSyncUnixNano: last})
+		out = append(out, &edgev1.PeerStatus{MemberId: p.m.id, Name: p.m.name, Has: has, LastSyncUnixNano: last,
+			Connected: st.connected, ChangesBehind: mine.lacks(st.acked)})
 	}
 	return out
 }

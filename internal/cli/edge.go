@@ -754,7 +754,7 @@ gRPC, /metrics and /health on the client URLs and logs "ready to serve
 client requests" when serving. See README "Edge store".`
 
 func newEdgeCmd(d deps) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "edge [etcd flags]",
 		Short: "Run an etcd-compatible edge store replica",
 		Long:  edgeLong,
@@ -773,4 +773,6 @@ func newEdgeCmd(d deps) *cobra.Command {
 			return d.runEdge(cmd.Context(), res.settings)
 		},
 	}
+	cmd.AddCommand(newEdgeStatusCmd()) // edge_status.go
+	return cmd
 }

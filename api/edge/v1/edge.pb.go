@@ -489,10 +489,16 @@ type PeerStatus struct {
 	Name     string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// has[i] is true when the peer is known to hold hashes[i] of the request.
 	Has []bool `protobuf:"varint,3,rep,packed,name=has,proto3" json:"has,omitempty"`
-	// Unix nanoseconds of the last completed sync with the peer; 0 if none.
+	// Unix nanoseconds of the last completed sync with the peer (its last
+	// ack); 0 if none.
 	LastSyncUnixNano int64 `protobuf:"varint,4,opt,name=last_sync_unix_nano,json=lastSyncUnixNano,proto3" json:"last_sync_unix_nano,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Whether this replica's push stream to the peer is open now.
+	Connected bool `protobuf:"varint,5,opt,name=connected,proto3" json:"connected,omitempty"`
+	// Changes this replica holds durably that the peer is not known to hold
+	// (replication lag in changes).
+	ChangesBehind uint64 `protobuf:"varint,6,opt,name=changes_behind,json=changesBehind,proto3" json:"changes_behind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerStatus) Reset() {
@@ -553,6 +559,20 @@ func (x *PeerStatus) GetLastSyncUnixNano() int64 {
 	return 0
 }
 
+func (x *PeerStatus) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *PeerStatus) GetChangesBehind() uint64 {
+	if x != nil {
+		return x.ChangesBehind
+	}
+	return 0
+}
+
 var File_aether_edge_v1_edge_proto protoreflect.FileDescriptor
 
 const file_aether_edge_v1_edge_proto_rawDesc = "" +
@@ -582,13 +602,15 @@ const file_aether_edge_v1_edge_proto_rawDesc = "" +
 	"\x06hashes\x18\x01 \x03(\fR\x06hashes\"}\n" +
 	"\x19ReplicationStatusResponse\x12.\n" +
 	"\x06header\x18\x01 \x01(\v2\x16.aether.edge.v1.HeaderR\x06header\x120\n" +
-	"\x05peers\x18\x02 \x03(\v2\x1a.aether.edge.v1.PeerStatusR\x05peers\"~\n" +
+	"\x05peers\x18\x02 \x03(\v2\x1a.aether.edge.v1.PeerStatusR\x05peers\"\xc3\x01\n" +
 	"\n" +
 	"PeerStatus\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
 	"\x03has\x18\x03 \x03(\bR\x03has\x12-\n" +
-	"\x13last_sync_unix_nano\x18\x04 \x01(\x03R\x10lastSyncUnixNano2\xf8\x02\n" +
+	"\x13last_sync_unix_nano\x18\x04 \x01(\x03R\x10lastSyncUnixNano\x12\x1c\n" +
+	"\tconnected\x18\x05 \x01(\bR\tconnected\x12%\n" +
+	"\x0echanges_behind\x18\x06 \x01(\x04R\rchangesBehind2\xf8\x02\n" +
 	"\x04Edge\x12D\n" +
 	"\x05Heads\x12\x1c.aether.edge.v1.HeadsRequest\x1a\x1d.aether.edge.v1.HeadsResponse\x12_\n" +
 	"\x0eHashOfRevision\x12%.aether.edge.v1.HashOfRevisionRequest\x1a&.aether.edge.v1.HashOfRevisionResponse\x12_\n" +

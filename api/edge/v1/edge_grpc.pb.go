@@ -54,8 +54,9 @@ type EdgeClient interface {
 	// no longer maps it (compacted).
 	RevisionOfHash(ctx context.Context, in *RevisionOfHashRequest, opts ...grpc.CallOption) (*RevisionOfHashResponse, error)
 	// ReplicationStatus tells, for each peer this replica syncs with, which
-	// of the given changes the peer is known to hold. Part 1 has no peers:
-	// the answer lists none.
+	// of the given changes the peer is known to hold: from the peer's acks
+	// (its durable version vector) and from the changes it sent us. A peer
+	// may hold more than this replica knows, never less.
 	ReplicationStatus(ctx context.Context, in *ReplicationStatusRequest, opts ...grpc.CallOption) (*ReplicationStatusResponse, error)
 }
 
@@ -125,8 +126,9 @@ type EdgeServer interface {
 	// no longer maps it (compacted).
 	RevisionOfHash(context.Context, *RevisionOfHashRequest) (*RevisionOfHashResponse, error)
 	// ReplicationStatus tells, for each peer this replica syncs with, which
-	// of the given changes the peer is known to hold. Part 1 has no peers:
-	// the answer lists none.
+	// of the given changes the peer is known to hold: from the peer's acks
+	// (its durable version vector) and from the changes it sent us. A peer
+	// may hold more than this replica knows, never less.
 	ReplicationStatus(context.Context, *ReplicationStatusRequest) (*ReplicationStatusResponse, error)
 	mustEmbedUnimplementedEdgeServer()
 }
