@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/url"
+	"runtime"
 	"slices"
 	"sort"
 	"sync"
@@ -25,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
@@ -903,5 +905,36 @@ func TestSyncNoEcho(t *testing.T) {
 	}
 	if v := metricValue(t, a.Registry(), "aether_edge_sync_changes_sent_total", "b"); v != 20 {
 		t.Fatalf("a's new stream sent b %v changes, want the 20 new ones", v)
+	}
+}
+
+// TestSyncCloseJoinsGoroutines: the senders, their ack readers and the
+// peer server's handlers all end with Close, also with a peer that is
+// down (a sender in backoff) and streams open both ways.
+func TestSyncCloseJoinsGoroutines(t *testing.T) {
+	before := runtime.NumGoroutine()
+	func() {
+		c := newTestCluster(t, []string{"a", "b", "c"}, nil) // c never runs
+		a, b := c.start("a"), c.start("b")
+		ctx := testCtx(t)
+		cli, err := clientv3.New(clientv3.Config{Endpoints: a.ClientURLs(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(ctx, "k", "v"); err != nil {
+			t.Fatal(err)
+		}
+		_ = cli.Close()
+		eventually(t, 10*time.Second, "b to get a's put", func() bool { return len(logHashes(b)) == 1 })
+		c.stop("a")
+		c.stop("b")
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for runtime.NumGoroutine() > before {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines before, %d after Close:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
