@@ -130,7 +130,9 @@ func (p *peer) session(ctx context.Context) error {
 	s := p.y.s
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := p.client.Push(ctx)
+	// Waiting for the connection leaves reconnecting to grpc's backoff
+	// (ours, set in newPeer) instead of stacking run's on top of it.
+	stream, err := p.client.Push(ctx, grpc.WaitForReady(true))
 	if err != nil {
 		return fmt.Errorf("open push stream: %w", err)
 	}

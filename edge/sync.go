@@ -104,9 +104,10 @@ const (
 	// unless a single change is larger.
 	syncBatchChanges = 512
 	syncBatchBytes   = 1 << 20
-	// Reconnection backoff.
+	// Reconnection backoff: the longest a healed link or a restarted peer
+	// waits for its stream is about maxBackoff.
 	minBackoff = 50 * time.Millisecond
-	maxBackoff = 2 * time.Second
+	maxBackoff = time.Second
 )
 
 // syncer is the replica's replication: its log, its peers (senders) and
