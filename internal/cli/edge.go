@@ -217,6 +217,8 @@ type edgeSettings struct {
 	MaxRequestBytes, MaxTxnOps                                               int
 	WatchProgressNotifyInterval                                              time.Duration
 	QuotaBackendBytes                                                        int64
+	SyncPeers                                                                []string      // --sync-peers (edge/sync.go)
+	SyncInterval                                                             time.Duration // --sync-interval
 	Logger                                                                   *slog.Logger
 
 	// Ignored are the ignored flags that were set, sorted; already logged.
@@ -249,6 +251,8 @@ type edgeFlags struct {
 	maxRequestBytes, maxTxnOps                 uint
 	progressInterval                           time.Duration
 	quotaBackendBytes                          int64
+	syncPeers                                  string
+	syncInterval                               time.Duration
 	version                                    bool
 	other                                      map[string]*capturedFlag
 	experimental                               map[string]*capturedFlag
@@ -293,6 +297,9 @@ func newEdgeFlags(args []string) *edgeFlags {
 	fs.UintVar(&f.maxTxnOps, "max-txn-ops", edgeDefaultMaxTxnOps, "Maximum number of operations permitted in a transaction.")
 	fs.DurationVar(&f.progressInterval, "watch-progress-notify-interval", 0, "Duration of periodic watch progress notifications (0 is etcd's 10 minutes).")
 	fs.Int64Var(&f.quotaBackendBytes, "quota-backend-bytes", 0, "Raise a NOSPACE alarm when the history kept since the last compaction exceeds this many bytes (0 is etcd's 2 GiB).")
+	// Not etcd's: replication between edge replicas (edge/sync.go).
+	fs.StringVar(&f.syncPeers, "sync-peers", "", "Comma-separated names of the initial-cluster members this replica syncs with (empty: every other member).")
+	fs.DurationVar(&f.syncInterval, "sync-interval", 0, "Anti-entropy round interval per peer (0: 5s).")
 	fs.BoolVar(&f.version, "version", false, "Print the version and exit.")
 	for _, o := range edgeOtherFlags {
 		c := &capturedFlag{value: o.def, isBool: o.isBool}
@@ -527,6 +534,13 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 		return errors.New("--quota-backend-bytes must not be negative")
 	}
 	s.QuotaBackendBytes = f.quotaBackendBytes
+	if f.syncPeers != "" {
+		s.SyncPeers = strings.Split(f.syncPeers, ",")
+	}
+	if f.syncInterval < 0 {
+		return errors.New("--sync-interval must not be negative")
+	}
+	s.SyncInterval = f.syncInterval
 
 	client := transport.TLSInfo{CertFile: f.certFile, KeyFile: f.keyFile, TrustedCAFile: f.trustedCA, ClientCertAuth: f.clientCertAuth}
 	if s.ClientTLS, err = f.tlsConfig("client", client, f.autoTLS, s.ListenClientURLs, filepath.Join(s.DataDir, "fixtures", "client"), s.Logger); err != nil {

@@ -94,3 +94,20 @@ func TestEdgeStatus(t *testing.T) {
 		t.Fatalf("peer c's row %q in\n%s", rowC, out)
 	}
 }
+
+// The sync flags reach the server's config.
+func TestEdgeSyncFlags(t *testing.T) {
+	res := mustEdge(t, nil, "--name", "a", "--data-dir", t.TempDir(),
+		"--initial-cluster", "a=http://127.0.0.1:2380,b=http://127.0.0.2:2380,c=http://127.0.0.3:2380",
+		"--initial-advertise-peer-urls", "http://127.0.0.1:2380", "--sync-peers", "b,c", "--sync-interval", "2s")
+	s := res.settings
+	if strings.Join(s.SyncPeers, ",") != "b,c" || s.SyncInterval != 2*time.Second {
+		t.Fatalf("sync settings: %q %v", s.SyncPeers, s.SyncInterval)
+	}
+	if cfg := s.edgeConfig(); strings.Join(cfg.SyncPeers, ",") != "b,c" || cfg.SyncInterval != 2*time.Second {
+		t.Fatalf("server config: %q %v", cfg.SyncPeers, cfg.SyncInterval)
+	}
+	if res := runEdgeCLI(t, nil, "--sync-interval", "-1s"); res.err == nil {
+		t.Fatal("a negative --sync-interval was accepted")
+	}
+}
