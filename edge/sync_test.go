@@ -399,24 +399,37 @@ func (w *watchLog) check(t *testing.T, name string, s *Server, prefix string, or
 	return merged
 }
 
-// load writes at s: puts, deletes and txns over a few keys, values naming
+// load writes at s: puts, deletes, txns and leases (a put on a new lease,
+// revokes, which delete the lease's keys) over a few keys, values naming
 // their origin. It returns the acknowledged puts (key -> values).
 func load(ctx context.Context, t *testing.T, s *Server, name string, seed uint64, n int) map[string][]string {
 	t.Helper()
 	cli := newClient(t, s)
 	rng := rand.New(rand.NewPCG(seed, 1))
 	acked := map[string][]string{}
+	var leases []clientv3.LeaseID
 	for i := range n {
 		key := fmt.Sprintf("k%02d", rng.IntN(16))
 		val := fmt.Sprintf("%s/%d/%d", name, seed, i)
 		var err error
-		switch r := rng.IntN(10); {
-		case r < 6:
+		switch r := rng.IntN(20); {
+		case r == 0:
+			var g *clientv3.LeaseGrantResponse
+			if g, err = cli.Grant(ctx, 600); err == nil {
+				leases = append(leases, g.ID)
+				if _, err = cli.Put(ctx, key, val, clientv3.WithLease(g.ID)); err == nil {
+					acked[key] = append(acked[key], val)
+				}
+			}
+		case r == 1 && len(leases) > 0:
+			_, err = cli.Revoke(ctx, leases[0])
+			leases = leases[1:]
+		case r < 12:
 			_, err = cli.Put(ctx, key, val)
 			if err == nil {
 				acked[key] = append(acked[key], val)
 			}
-		case r < 8:
+		case r < 16:
 			_, err = cli.Delete(ctx, key)
 		default:
 			// Put only if absent, else delete: a Txn decided locally.
@@ -936,5 +949,41 @@ func TestSyncCloseJoinsGoroutines(t *testing.T) {
 			t.Fatalf("%d goroutines before, %d after Close:\n%s", before, runtime.NumGoroutine(), buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSyncLogTakeBoundsScan: a long run of changes the peer holds is
+// skipped over several calls, each returning a ready channel, and the
+// change after it is still found.
+func TestSyncLogTakeBoundsScan(t *testing.T) {
+	l := newSyncLog()
+	n := 3*maxScan + 1
+	for i := range n {
+		var id core.Hash
+		id[0], id[1], id[2] = byte(i), byte(i>>8), byte(i>>16)
+		r := core.ReplicaID(1)
+		if i == n-1 {
+			r = 2
+		}
+		if err := l.add(uint64(i+1), id, []byte{byte(i)}, r, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cur := &cursor{next: 1, sent: vector{1: uint64(n - 1)}}
+	calls := 0
+	for {
+		calls++
+		got, wake := l.take(cur, nil, 100, 1<<20)
+		if len(got) == 1 {
+			break
+		}
+		select {
+		case <-wake:
+		default:
+			t.Fatalf("call %d: nothing taken and a channel that is not ready", calls)
+		}
+	}
+	if calls < 3 {
+		t.Fatalf("found the change in %d calls: the scan is not bounded", calls)
 	}
 }

@@ -205,6 +205,12 @@ func (l *syncLog) stats() (changes int, bytes int64) {
 	return len(l.entries), l.bytes
 }
 
+// maxScan bounds the entries one take looks at under the lock.
+const maxScan = 1 << 14
+
+// closedChan is a channel that is always ready.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
 // cursor is a pusher's position: the last index considered and what the
 // peer is known or assumed (sent on a live stream) to hold.
 type cursor struct {
@@ -245,7 +251,12 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 	if c.next < l.base {
 		c.next = l.base // cannot happen until GC cuts the log
 	}
-	for c.next <= l.durable && len(out) < maxN {
+	for scanned := 0; c.next <= l.durable && len(out) < maxN; scanned++ {
+		if scanned == maxScan {
+			// A long run the peer holds: let writers have the lock, and
+			// tell the caller to come back at once.
+			return out, closedChan
+		}
 		e := &l.entries[c.next-l.base]
 		if e.seq <= c.sent[e.replica] || e.seq <= held[e.replica] {
 			// The peer holds it (often: it came from that peer).
