@@ -490,7 +490,14 @@ func checkModel(t *testing.T, s *Server, hash uint32, acked []map[string][]strin
 }
 
 func TestSyncConvergesUnderConcurrentWrites(t *testing.T) {
-	names := []string{"a", "b", "c"}
+	for _, n := range []int{3, 5} {
+		t.Run(fmt.Sprintf("replicas=%d", n), func(t *testing.T) {
+			testSyncConverges(t, []string{"a", "b", "c", "d", "e"}[:n])
+		})
+	}
+}
+
+func testSyncConverges(t *testing.T, names []string) {
 	c := newTestCluster(t, names, nil)
 	for _, n := range names {
 		c.start(n)
@@ -545,8 +552,8 @@ func TestSyncConvergesUnderConcurrentWrites(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(st.Peers) != 2 {
-			t.Fatalf("status lists %d peers, want 2", len(st.Peers))
+		if len(st.Peers) != len(names)-1 {
+			t.Fatalf("status lists %d peers, want %d", len(st.Peers), len(names)-1)
 		}
 		for _, p := range st.Peers {
 			if p.Has[1] {
@@ -564,7 +571,7 @@ func TestSyncConvergesUnderConcurrentWrites(t *testing.T) {
 	if got := metricValue(t, reg, "aether_edge_dag_changes", ""); got != float64(n) || n == 0 {
 		t.Fatalf("dag changes metric %v, log holds %d", got, n)
 	}
-	for _, peer := range []string{"b", "c"} {
+	for _, peer := range names[1:] {
 		for _, m := range []string{"aether_edge_sync_rounds_total", "aether_edge_sync_changes_sent_total", "aether_edge_sync_bytes_sent_total",
 			"aether_edge_sync_changes_received_total", "aether_edge_sync_bytes_received_total", "aether_edge_sync_peer_connected"} {
 			if v := metricValue(t, reg, m, peer); v <= 0 {
@@ -988,4 +995,46 @@ func TestSyncLogTakeBoundsScan(t *testing.T) {
 	if calls < 3 {
 		t.Fatalf("found the change in %d calls: the scan is not bounded", calls)
 	}
+}
+
+// TestSyncRestartUnderLoad: a replica stopped and restarted while the
+// others keep writing (streams break mid-batch, reconnect, resume from
+// the vector) converges with them.
+func TestSyncRestartUnderLoad(t *testing.T) {
+	names := []string{"a", "b", "c"}
+	c := newTestCluster(t, names, nil)
+	for _, n := range names {
+		c.start(n)
+	}
+	ctx := testCtx(t)
+	var (
+		mu    sync.Mutex
+		acked []map[string][]string
+		wg    sync.WaitGroup
+	)
+	for i, n := range []string{"a", "c"} {
+		s := c.srv[n]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a := load(ctx, t, s, n, uint64(20+i), 300)
+			mu.Lock()
+			acked = append(acked, a)
+			mu.Unlock()
+		}()
+	}
+	// Restart b twice while a and c write.
+	for range 2 {
+		n := len(logHashes(c.srv["b"]))
+		eventually(t, 10*time.Second, "b to receive more changes", func() bool { return len(logHashes(c.srv["b"])) > n+10 })
+		c.stop("b")
+		c.start("b")
+	}
+	writing := len(logHashes(c.srv["a"]))
+	wg.Wait()
+	if len(logHashes(c.srv["a"])) == writing {
+		t.Log("the load had ended before b's last restart")
+	}
+	hash := waitConverged(t, c.running())
+	checkModel(t, c.srv["b"], hash, acked)
 }
