@@ -38,7 +38,7 @@ const (
 )
 
 // Scenarios lists every scenario group in the order Run runs them.
-var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS}
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge}
 
 // selected reports which groups o asks for, or an error naming an unknown one.
 func (o Options) selected() (map[string]bool, error) {
@@ -75,6 +75,7 @@ type Report struct {
 	Compare     *CompareResult      `json:"fanout_compare,omitempty"`
 	Disruption  *DisruptionResult   `json:"disruption,omitempty"`
 	XDS         *XDSResult          `json:"xds,omitempty"`
+	Edge        *EdgeResult         `json:"edge,omitempty"`
 }
 
 // Run runs the selected scenarios in turn, printing progress to w.
@@ -124,6 +125,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioXDS] {
 		if err := runXDS(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioEdge] {
+		if err := runEdge(ctx, o, &r, w); err != nil {
 			return r, err
 		}
 	}
@@ -220,6 +226,9 @@ func (r Report) sections() []section {
 	}
 	if r.XDS != nil {
 		out = append(out, section{xdsBeginMark, xdsEndMark, r.xdsMarkdown})
+	}
+	if r.Edge != nil {
+		out = append(out, section{edgeBeginMark, edgeEndMark, r.edgeMarkdown})
 	}
 	return out
 }

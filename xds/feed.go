@@ -62,16 +62,20 @@ type FeedConfig struct {
 	metrics *metrics
 }
 
-// Feed keeps go-control-plane LinearCaches current from an in-process
-// subscription to all services: one cache each for the Listeners, the
-// RouteConfigurations and the Clusters (their contents are functions of
-// a target's name, the same for every consumer), and one cache of
-// ClusterLoadAssignments per consumer locality (the priorities are
-// relative to the consumer). Cache (feedCache) dispatches a watch by its
+// Feed keeps per-resource caches current from an in-process
+// subscription to all services: one go-control-plane LinearCache each
+// for the Listeners, the RouteConfigurations and the Clusters (their
+// contents are functions of a target's name, the same for every
+// consumer), and one cache of ClusterLoadAssignments per consumer
+// locality (the priorities are relative to the consumer), an edsCache:
+// the LinearCache's answers, with watches that survive a stream's ACKs
+// and resources marshalled once for all streams (see edsCache; the
+// endpoints are what changes at 100 changes/s and what every stream
+// watches 20 of). Cache (feedCache) dispatches a watch by its
 // type, and an EDS watch by its node's locality.
 //
-// Why LinearCaches: they version each resource apart. A change of
-// service S updates S's resources alone, and a LinearCache wakes only the
+// Why per-resource caches: they version each resource apart. A change of
+// service S updates S's resources alone, and a cache wakes only the
 // watches that name them (and wildcard ones), so a stream that does not
 // watch S is sent nothing, and one that does is sent S's
 // ClusterLoadAssignment alone: for EDS and RDS a state-of-the-world
@@ -102,7 +106,7 @@ type FeedConfig struct {
 // (where a client resuming with "7" must not be told it is up to date by
 // a feed whose 7 is another state), and name the cache they come from
 // (which the push latency needs: a version maps to the change that made
-// it). A LinearCache answers a state-of-the-world request whose version
+// it). A cache answers a state-of-the-world request whose version
 // lacks its prefix with everything asked for, and a request naming
 // resources this stream was never sent, at once.
 //
@@ -141,12 +145,13 @@ type Feed struct {
 	done chan struct{}
 }
 
-// linear is a LinearCache and the version it is at. The LinearCache
-// moves its version by one per update call and does not export it; the
-// feed is its only writer and counts along, so that it knows, before an
-// update answers any watch, the version the answers will carry.
+// linear is a cache (a LinearCache or an edsCache) and the version it is
+// at. The cache moves its version by one per update call and does not
+// export it; the feed is its only writer and counts along, so that it
+// knows, before an update answers any watch, the version the answers
+// will carry.
 type linear struct {
-	c      *cachev3.LinearCache
+	c      resCache
 	prefix string
 	n      uint64
 }
@@ -200,11 +205,12 @@ func NewFeed(cfg FeedConfig) (*Feed, error) {
 // '-' so that no cache's prefix is another's ("e1-" is not a prefix of
 // "e12-7").
 func (f *Feed) newEDS(i int) *linear {
-	return newLinear(resourcev3.EndpointType, f.epoch+"-e"+strconv.Itoa(i)+"-", cacheLogger{f.log})
+	prefix := f.epoch + "-e" + strconv.Itoa(i) + "-"
+	return &linear{c: newEDSCache(resourcev3.EndpointType, prefix), prefix: prefix}
 }
 
 // Cache is the cache the feed keeps, for the server: go-control-plane's
-// Cache interface over the feed's LinearCaches.
+// Cache interface over the feed's caches.
 func (f *Feed) Cache() cachev3.Cache { return f.cache }
 
 // Start runs the feed's goroutine until Close: subscribe to all services,
@@ -466,7 +472,7 @@ func (f *Feed) updateLocked(l *linear, put map[string]types.Resource, del []stri
 	}
 	l.n++
 	f.cfg.metrics.changed(l.version(), at)
-	// The LinearCache moves its version even when it fails, which it
+	// The cache moves its version even when it fails, which it
 	// does only if a resource does not marshal: then no watch is
 	// answered with it, and the next update retries.
 	if err := l.c.UpdateResources(put, del); err != nil {
@@ -551,7 +557,7 @@ func (f *Feed) ensure(n *corev3.Node) {
 	f.locMu.Unlock()
 }
 
-// feedCache is go-control-plane's Cache over the feed's LinearCaches: a
+// feedCache is go-control-plane's Cache over the feed's caches: a
 // watch goes to the cache of its type (EDS: of its node's locality), or,
 // before the feed has loaded, waits in held.
 type feedCache struct {
@@ -628,9 +634,9 @@ func (c *feedCache) release() {
 	}
 }
 
-// of is the LinearCache of a type for a node; nil for a type the feed
+// of is the cache of a type for a node; nil for a type the feed
 // does not serve.
-func (c *feedCache) of(typeURL string, n *corev3.Node) *cachev3.LinearCache {
+func (c *feedCache) of(typeURL string, n *corev3.Node) resCache {
 	switch typeURL {
 	case resourcev3.ListenerType:
 		return c.f.lds.c

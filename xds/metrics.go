@@ -20,6 +20,11 @@ type metrics struct {
 	snapshots prometheus.Counter
 	latency   *prometheus.HistogramVec
 
+	// byType is each type label's children of pushes, sent and latency,
+	// looked up once: every response passes here, and a vector's
+	// WithLabelValues hashes its labels under a lock each time.
+	byType map[string]*typeMetrics
+
 	// changes is when the feed made each recent version: a response of
 	// one of them is a push whose latency is observed.
 	changesMu sync.Mutex
@@ -35,7 +40,28 @@ type metrics struct {
 // changes of every cache even at the bound.
 const keptChanges = 8192
 
+// typeMetrics is one type label's metric children.
+type typeMetrics struct {
+	pushes, sent prometheus.Counter
+	latency      prometheus.Observer
+}
+
+// typeLabels are typeLabel's values.
+var typeLabels = []string{"listener", "route", "cluster", "endpoint", "other"}
+
 func newMetrics() *metrics {
+	m := newMetricVecs()
+	m.byType = make(map[string]*typeMetrics, len(typeLabels))
+	for _, l := range typeLabels {
+		m.byType[l] = &typeMetrics{pushes: m.pushes.WithLabelValues(l), sent: m.sent.WithLabelValues(l), latency: m.latency.WithLabelValues(l)}
+	}
+	return m
+}
+
+// of is the metric children of a type URL's label.
+func (m *metrics) of(typeURL string) *typeMetrics { return m.byType[typeLabel(typeURL)] }
+
+func newMetricVecs() *metrics {
 	return &metrics{
 		connected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "xds_connected_clients",
@@ -98,7 +124,7 @@ func (m *metrics) pushed(typeURL, version string, requested, now time.Time) {
 	if !ok || at.Before(requested) {
 		return
 	}
-	m.latency.WithLabelValues(typeLabel(typeURL)).Observe(now.Sub(at).Seconds())
+	m.of(typeURL).latency.Observe(now.Sub(at).Seconds())
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {

@@ -360,3 +360,117 @@ func newSotwSub(names ...string) *stream.Subscription {
 	s := stream.NewSotwSubscription(names, true)
 	return &s
 }
+
+// TestEDSWatchesSurviveACKs: over real ADS streams (state of the world,
+// then delta) watching three services' endpoints, ten changes each
+// answered and ACKed leave the stream's one registration in the EDS
+// cache as it was (the same watch, indexed once on each name), where a
+// LinearCache unregisters and registers the stream on every name at
+// every ACK; once the streams end, their registrations are swept.
+func TestEDSWatchesSurviveACKs(t *testing.T) {
+	s, addr, sub := serveScripted(t, ep("web", "10.0.0.1", "r1", "z1"), ep("api", "10.0.1.1", "r1", "z1"), ep("db", "10.0.2.1", "r1", "z1"))
+	names := []string{"api", "db", "web"}
+	seq := uint64(1)
+	var eds *edsCache
+	// registration is the stream's one watch, once the cache holds one
+	// registration of one stream, armed, indexed on each name.
+	registration := func(t *testing.T) *edsWatch {
+		t.Helper()
+		var w *edsWatch
+		wait.ForState(t, "one armed watch, indexed on each name", scopeBound, func() (bool, string) {
+			s.feed.locMu.RLock()
+			eds = s.feed.eds[own].c.(*edsCache)
+			s.feed.locMu.RUnlock()
+			eds.mu.Lock()
+			defer eds.mu.Unlock()
+			var idx []string
+			ok := len(eds.streams) == 1
+			for _, n := range names {
+				idx = append(idx, n+":"+strconv.Itoa(len(eds.byName[n])))
+				ok = ok && len(eds.byName[n]) == 1
+			}
+			for _, x := range eds.streams {
+				w = x
+				ok = ok && x.armed
+			}
+			return ok, strconv.Itoa(len(eds.streams)) + " registrations, index " + strings.Join(idx, " ")
+		})
+		return w
+	}
+	change := func(i int) {
+		seq++
+		sub.push(ev(registrarv1.EndpointEvent_ENDPOINT_ADDED, seq, ep("api", "10.0.1."+strconv.Itoa(i+2), "r1", "z1")))
+	}
+	t.Run("sotw", func(t *testing.T) {
+		c := openSotwADS(t, addr, "survivor")
+		c.ask(resourcev3.EndpointType, names...)
+		c.next("the first endpoints")
+		w0 := registration(t)
+		for i := range 10 {
+			change(i)
+			if r := c.next("api's change"); !slices.Equal(sotwNames(t, r), []string{"api"}) {
+				t.Fatalf("change %d: got %q, want api's endpoints alone", i, sotwNames(t, r))
+			}
+			if w := registration(t); w != w0 {
+				t.Fatalf("change %d: the stream's watch was registered anew after its ACK", i)
+			}
+		}
+	})
+	t.Run("delta", func(t *testing.T) {
+		c := xdstest.DeltaProbe(t, addr, xdstest.Node("survivor-delta", xdstest.Locality{Region: "r1", Zone: "z1"}))
+		c.Subscribe(resourcev3.EndpointType, names...)
+		c.Next(scopeBound)
+		// The sotw stream's registration is parked (its stream ended),
+		// not yet swept: wait for the delta one alone by its kind.
+		var w0 *edsWatch
+		wait.For(t, "the delta stream's watch", scopeBound, func() bool {
+			eds.mu.Lock()
+			defer eds.mu.Unlock()
+			for _, w := range eds.streams {
+				if w.delta && w.armed {
+					w0 = w
+				}
+			}
+			return w0 != nil
+		})
+		for i := range 10 {
+			change(10 + i)
+			if r := c.Next(scopeBound); !slices.Equal(xdstest.Names(r), []string{"api"}) {
+				t.Fatalf("change %d: got %q, want api's endpoints alone", i, xdstest.Names(r))
+			}
+			wait.For(t, "the delta watch re-armed", scopeBound, func() bool {
+				eds.mu.Lock()
+				defer eds.mu.Unlock()
+				ok := w0.armed && eds.streams[w0.key] == w0
+				for _, n := range names {
+					_, in := eds.byName[n][w0]
+					ok = ok && in
+				}
+				return ok
+			})
+		}
+	})
+	// Both streams ended: parked, then dropped by the sweeps of the
+	// changes that follow, on a clock moved past parkedFor.
+	eds.mu.Lock()
+	clock := time.Now()
+	eds.now = func() time.Time { return clock } // read under eds.mu
+	eds.mu.Unlock()
+	for i := range int(parkedFor/time.Second) + 1 {
+		eds.mu.Lock()
+		clock = clock.Add(1100 * time.Millisecond)
+		tick := eds.tick
+		eds.mu.Unlock()
+		change(100 + i)
+		wait.For(t, "a sweep", scopeBound, func() bool {
+			eds.mu.Lock()
+			defer eds.mu.Unlock()
+			return eds.tick > tick
+		})
+	}
+	eds.mu.Lock()
+	defer eds.mu.Unlock()
+	if len(eds.streams) != 0 || len(eds.byName) != 0 {
+		t.Fatalf("after the streams ended: %d registrations, %d names indexed; want none", len(eds.streams), len(eds.byName))
+	}
+}

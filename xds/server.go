@@ -194,9 +194,10 @@ func (s *Server) callbacks() serverv3.Callbacks {
 // ends here.
 func (s *Server) responded(id int64, typeURL, version, nonce string, resources int) {
 	now := time.Now()
-	requested := s.status.sent(id, typeURL, version, nonce)
-	s.m.pushes.WithLabelValues(typeLabel(typeURL)).Inc()
-	s.m.sent.WithLabelValues(typeLabel(typeURL)).Add(float64(resources))
+	requested := s.status.sent(id, typeURL, version, nonce, now)
+	tm := s.m.of(typeURL)
+	tm.pushes.Inc()
+	tm.sent.Add(float64(resources))
 	s.m.pushed(typeURL, version, requested, now)
 }
 

@@ -99,15 +99,24 @@ type streamState struct {
 	node             string
 	locality         *NodeLocality
 	opened           time.Time
-	types            map[string]*typeState
+	// types is by type URL: a stream asks for a few (the four the feed
+	// serves, or fewer), and a scan comparing strings (the same string
+	// each time, which compares at once) is cheaper than a map's hashing
+	// on every request and response.
+	types []*typeState
 }
 
 type typeState struct {
+	url string
 	TypeStatus
 	// requested is when the last request of the type arrived: a response
 	// sent after a feed change that came later was pushed to a waiting
 	// watch, which is what the push latency measures.
 	requested time.Time
+	// sentAt and ackedAt are TypeStatus's SentAt and AckedAt, kept as
+	// values (status makes the pointers): no allocation per response and
+	// ACK.
+	sentAt, ackedAt time.Time
 	// loggedNACK is the last version whose NACK was logged: grpc-go NACKs
 	// again whenever it asks again, and one line per version says it.
 	loggedNACK string
@@ -118,7 +127,7 @@ func newTracker() *tracker { return &tracker{streams: map[int64]*streamState{}} 
 func (t *tracker) open(id int64, variant, typeURL string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.streams[id] = &streamState{id: id, variant: variant, service: serviceLabel(typeURL), opened: time.Now(), types: map[string]*typeState{}}
+	t.streams[id] = &streamState{id: id, variant: variant, service: serviceLabel(typeURL), opened: time.Now()}
 }
 
 func (t *tracker) close(id int64) {
@@ -135,11 +144,13 @@ func (t *tracker) typeLocked(id int64, node *corev3.Node, typeURL string) (*stre
 		return nil, nil
 	}
 	st.setNode(node)
-	ts := st.types[typeURL]
-	if ts == nil {
-		ts = &typeState{TypeStatus: TypeStatus{State: NotSent}}
-		st.types[typeURL] = ts
+	for _, ts := range st.types {
+		if ts.url == typeURL {
+			return st, ts
+		}
 	}
+	ts := &typeState{url: typeURL, TypeStatus: TypeStatus{State: NotSent}}
+	st.types = append(st.types, ts)
 	return st, ts
 }
 
@@ -186,7 +197,7 @@ func (t *tracker) request(id int64, node *corev3.Node, typeURL, version, nonce s
 		// A delta ACK carries no version: its nonce is the ACK.
 		ts.State = Synced
 		ts.AckedVersion = ts.SentVersion
-		ts.AckedAt = &now
+		ts.ackedAt = now
 	}
 	if ts.State == NACKed {
 		return nack, ts.SentVersion
@@ -194,17 +205,16 @@ func (t *tracker) request(id int64, node *corev3.Node, typeURL, version, nonce s
 	return nack, ""
 }
 
-// sent records a response; it returns when the type's last request
-// arrived (for the push latency).
-func (t *tracker) sent(id int64, typeURL, version, nonce string) (requested time.Time) {
+// sent records a response sent at now; it returns when the type's last
+// request arrived (for the push latency).
+func (t *tracker) sent(id int64, typeURL, version, nonce string, now time.Time) (requested time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	_, ts := t.typeLocked(id, nil, typeURL)
 	if ts == nil {
 		return time.Time{}
 	}
-	now := time.Now()
-	ts.State, ts.SentVersion, ts.SentNonce, ts.SentAt = Stale, version, nonce, &now
+	ts.State, ts.SentVersion, ts.SentNonce, ts.sentAt = Stale, version, nonce, now
 	return ts.requested
 }
 
@@ -243,8 +253,17 @@ func (t *tracker) status() []ClientStatus {
 			l := *st.locality
 			c.Locality = &l
 		}
-		for url, ts := range st.types {
+		for _, ts := range st.types {
+			url := ts.url
 			s := ts.TypeStatus
+			if !ts.sentAt.IsZero() {
+				at := ts.sentAt
+				s.SentAt = &at
+			}
+			if !ts.ackedAt.IsZero() {
+				at := ts.ackedAt
+				s.AckedAt = &at
+			}
 			if s.LastNACK != nil {
 				n := *s.LastNACK
 				s.LastNACK = &n
@@ -281,10 +300,11 @@ func (s *Server) StatusHandler() http.Handler {
 
 // holdRejected is how a NACKed version stops being pushed again. The
 // sotw server records what it sent as the client's, NACKed or not, so
-// the feed's LinearCaches wake the watch again only when a resource it
+// the feed's caches wake the watch again only when a resource it
 // names changes; but a request whose version_info is empty (a client
 // that has accepted nothing yet NACKs with "") or lacks the cache's
-// prefix is answered at once (linear.go CreateWatch: replyEvenIfEmpty),
+// prefix is answered at once (linear.go CreateWatch: replyEvenIfEmpty;
+// edsCache.CreateWatch alike),
 // which for a Listener or Cluster is the rejected full state again,
 // NACKed again, as fast as the round trip (grpc-go does not back off),
 // and for EDS or RDS an empty response the client ACKs, which the status

@@ -236,7 +236,7 @@ func TestTrackerStates(t *testing.T) {
 	if s := state(1); s.State != NotSent {
 		t.Fatalf("before any response: %+v", s)
 	}
-	tr.sent(1, eds, "v1", "1")
+	tr.sent(1, eds, "v1", "1", time.Now())
 	if s := state(1); s.State != Stale || s.SentVersion != "v1" {
 		t.Fatalf("sent: %+v", s)
 	}
@@ -244,7 +244,7 @@ func TestTrackerStates(t *testing.T) {
 	if s := state(1); s.State != Synced || s.AckedVersion != "v1" {
 		t.Fatalf("ACK: %+v", s)
 	}
-	tr.sent(1, eds, "v2", "2")
+	tr.sent(1, eds, "v2", "2", time.Now())
 	if _, held := tr.request(1, n, eds, "v1", "1", "", false); held != "" || state(1).State != Stale {
 		t.Fatalf("an old nonce moved the state: %+v", state(1))
 	}
@@ -264,7 +264,7 @@ func TestTrackerStates(t *testing.T) {
 	tr.open(2, "delta", "")
 	tr.node(2, &corev3.Node{Id: "a-delta"})
 	tr.request(2, nil, eds, "", "", "", false)
-	tr.sent(2, eds, "v7", "1")
+	tr.sent(2, eds, "v7", "1", time.Now())
 	tr.request(2, nil, eds, "", "1", "", false)
 	if s := state(2); s.State != Synced || s.AckedVersion != "v7" {
 		t.Fatalf("delta ACK: %+v", s)

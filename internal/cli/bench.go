@@ -65,6 +65,15 @@ groups (comma-separated or repeated; default all):
                each in a fresh world; delivery p50/p99, registrar CPU and
                peak RSS. With --quick: 20 backends, no churn; 50 streams
                for 2s.
+  edge         YCSB workload A (50/50 read/update, uniform, 18-byte keys)
+               with go-ycsb v1.0.3's etcd driver (built from tools/ycsb;
+               $AETHER_YCSB names a prebuilt one) against a real etcd
+               (tools/etcd) and against "aether edge" (this binary) in
+               the same run, steps alternating, single members with data
+               on the same disk: throughput and read/update p50/p99 at
+               1k/s, 10k/s and unbounded (64 threads), 50k records
+               (about 3 minutes).
+               With --quick: 1k records, 1k to 2k operations per step.
 
 It prints a summary, rewrites the sections of --out (docs/benchmarks.md by
 default; --out "" writes nothing) for the groups it ran, and prints the

@@ -1,0 +1,62 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+)
+
+// go-ycsb v1.0.3's output of a run against real etcd (the end of it: an
+// interval report, then the final one), plus an error line as its
+// DbWrapper names failed operations.
+const ycsbSample = `READ   - Takes(s): 1.0, Count: 3000, OPS: 3000.0, Avg(us): 9000, Min(us): 400, Max(us): 20000, 50th(us): 1, 90th(us): 2, 95th(us): 3, 99th(us): 4, 99.9th(us): 5, 99.99th(us): 6
+**********************************************
+Run finished, takes 3.359626843s
+READ   - Takes(s): 3.4, Count: 9951, OPS: 2969.4, Avg(us): 9863, Min(us): 412, Max(us): 258303, 50th(us): 7123, 90th(us): 16111, 95th(us): 21647, 99th(us): 53375, 99.9th(us): 255999, 99.99th(us): 257407
+READ_ERROR - Takes(s): 3.4, Count: 7, OPS: 2.0, Avg(us): 9863, Min(us): 412, Max(us): 258303, 50th(us): 7123, 90th(us): 16111, 95th(us): 21647, 99th(us): 53375, 99.9th(us): 255999, 99.99th(us): 257407
+TOTAL  - Takes(s): 3.4, Count: 20000, OPS: 5968.5, Avg(us): 10622, Min(us): 412, Max(us): 258303, 50th(us): 7947, 90th(us): 17007, 95th(us): 22847, 99th(us): 55583, 99.9th(us): 253183, 99.99th(us): 257023
+UPDATE - Takes(s): 3.3, Count: 10049, OPS: 3000.5, Avg(us): 11374, Min(us): 776, Max(us): 254719, 50th(us): 8599, 90th(us): 17903, 95th(us): 24367, 99th(us): 56511, 99.9th(us): 250751, 99.99th(us): 254591
+`
+
+func TestParseYCSB(t *testing.T) {
+	r, err := parseYCSB(ycsbSample)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := EdgeRun{OpsPerSec: 5968.5, ReadP50: 7.123, ReadP99: 53.375, UpdateP50: 8.599, UpdateP99: 56.511, TotalP99: 55.583, Errors: 7}
+	r.ErrorLines = ""
+	if r != want {
+		t.Errorf("parsed %+v\nwant   %+v", r, want)
+	}
+	if _, err := parseYCSB("READ - Takes(s): 1.0, Count: 1, OPS: 1.0, 50th(us): 1, 99th(us): 1,\n"); err == nil {
+		t.Error("output without a final report parsed")
+	}
+}
+
+func TestYCSBKeyLength(t *testing.T) {
+	if n := len(ycsbKey(99999)); n != 18 {
+		t.Errorf("key %q is %d bytes, want 18", ycsbKey(99999), n)
+	}
+}
+
+// TestEdgeSection: the goal line reads the unbounded rows, and says "not
+// met" when aether edge is slower or its p99 worse.
+func TestEdgeSection(t *testing.T) {
+	for _, tc := range []struct {
+		edgeOps, edgeP99 float64
+		want             string
+	}{{5000, 9, "met ("}, {4000, 9, "**not met**"}, {5000, 11, "**not met**"}} {
+		r := Report{Date: "d", Machine: "m", Command: "c", Edge: &EdgeResult{Records: 10, KeyBytes: 18, ValueBytes: 33, Runs: []EdgeRun{
+			{Server: "etcd", Target: 1000, Threads: 16, OpsPerSec: 1000, TotalP99: 1},
+			{Server: "etcd", Target: 0, Threads: 64, OpsPerSec: 4500, TotalP99: 10},
+			{Server: "aether edge", Target: 1000, Threads: 16, OpsPerSec: 1000, TotalP99: 100},
+			{Server: "aether edge", Target: 0, Threads: 64, OpsPerSec: tc.edgeOps, TotalP99: tc.edgeP99},
+		}}}
+		md := r.Markdown()
+		if !strings.Contains(md, edgeBeginMark) || !strings.Contains(md, "| aether edge | unbounded | 64 |") {
+			t.Fatalf("section lacks its marks or rows:\n%s", md)
+		}
+		if !strings.Contains(md, "same run: "+tc.want) {
+			t.Errorf("edge %.0f ops/s at p99 %.0f ms against etcd 4500 at 10: want %q in\n%s", tc.edgeOps, tc.edgeP99, tc.want, md)
+		}
+	}
+}
