@@ -128,7 +128,7 @@ type syncer struct {
 }
 
 func newSyncer(s *Server) *syncer {
-	y := &syncer{s: s, log: newSyncLog(), interval: s.cfg.SyncInterval, byID: map[uint64]*peer{}}
+	y := &syncer{s: s, log: newSyncLog(s.now), interval: s.cfg.SyncInterval, byID: map[uint64]*peer{}}
 	if y.interval <= 0 {
 		y.interval = DefaultSyncInterval
 	}

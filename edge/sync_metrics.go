@@ -37,6 +37,8 @@ type syncCollector struct{ y *syncer }
 var (
 	descLag = prometheus.NewDesc("aether_edge_sync_lag_changes",
 		"Changes durable here that the peer is not known to hold (from its last ack).", []string{"peer"}, nil)
+	descLagSeconds = prometheus.NewDesc("aether_edge_sync_lag_seconds",
+		"How long ago the oldest change the peer is not known to hold became durable here; 0 when it holds everything.", []string{"peer"}, nil)
 	descConnected = prometheus.NewDesc("aether_edge_sync_peer_connected",
 		"1 while this replica's push stream to the peer is open.", []string{"peer"}, nil)
 	descLastSync = prometheus.NewDesc("aether_edge_sync_last_ack_timestamp_seconds",
@@ -49,6 +51,7 @@ var (
 
 func (c *syncCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descLag
+	ch <- descLagSeconds
 	ch <- descConnected
 	ch <- descLastSync
 	ch <- descDAGChanges
@@ -60,6 +63,11 @@ func (c *syncCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, p := range c.y.peers {
 		st := p.state()
 		ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, float64(mine.lacks(st.acked)), p.m.name)
+		secs := 0.0
+		if at, ok := c.y.log.oldestLacking(st.acked); ok {
+			secs = max(c.y.s.now().Sub(at).Seconds(), 0)
+		}
+		ch <- prometheus.MustNewConstMetric(descLagSeconds, prometheus.GaugeValue, secs, p.m.name)
 		conn := 0.0
 		if st.connected {
 			conn = 1

@@ -581,6 +581,9 @@ func testSyncConverges(t *testing.T, names []string) {
 		if v := metricValue(t, reg, "aether_edge_sync_lag_changes", peer); v != 0 {
 			t.Fatalf("lag to %s is %v changes after convergence", peer, v)
 		}
+		if v := metricValue(t, reg, "aether_edge_sync_lag_seconds", peer); v != 0 {
+			t.Fatalf("lag to %s is %vs after convergence", peer, v)
+		}
 	}
 }
 
@@ -704,7 +707,7 @@ func mapsEqual(a, b vector) bool {
 // TestSyncLogVectorWalk checks the sync log's walk sends exactly the
 // vector difference, in index order, skipping what the peer holds.
 func TestSyncLogVectorWalk(t *testing.T) {
-	l := newSyncLog()
+	l := newSyncLog(time.Now)
 	// Index order: a1 b1 a2 c1 b2 a3.
 	order := []core.ReplicaID{1, 2, 1, 3, 2, 1}
 	for i, r := range order {
@@ -965,7 +968,7 @@ func TestSyncCloseJoinsGoroutines(t *testing.T) {
 // skipped over several calls, each returning a ready channel, and the
 // change after it is still found.
 func TestSyncLogTakeBoundsScan(t *testing.T) {
-	l := newSyncLog()
+	l := newSyncLog(time.Now)
 	n := 3*maxScan + 1
 	for i := range n {
 		var id core.Hash
@@ -1037,4 +1040,31 @@ func TestSyncRestartUnderLoad(t *testing.T) {
 	}
 	hash := waitConverged(t, c.running())
 	checkModel(t, c.srv["b"], hash, acked)
+}
+
+// TestSyncLagSeconds: the lag in seconds to a peer that is down is the age
+// of the oldest change it lacks, by the replica's clock.
+func TestSyncLagSeconds(t *testing.T) {
+	c := newTestCluster(t, []string{"a", "b"}, nil) // b never runs
+	clock := &offsetClock{}
+	c.mod = func(_ string, cfg *Config) { cfg.Now = clock.now }
+	a := c.start("a")
+	if v := metricValue(t, a.Registry(), "aether_edge_sync_lag_seconds", "b"); v != 0 {
+		t.Fatalf("lag %vs with nothing to send", v)
+	}
+	ctx := testCtx(t)
+	cli := newClient(t, a)
+	if _, err := cli.Put(ctx, "k", "1"); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(time.Minute)
+	if _, err := cli.Put(ctx, "k", "2"); err != nil {
+		t.Fatal(err)
+	}
+	if v := metricValue(t, a.Registry(), "aether_edge_sync_lag_seconds", "b"); v < 60 || v > 70 {
+		t.Fatalf("lag to b is %vs, want the first put's age (60s)", v)
+	}
+	if v := metricValue(t, a.Registry(), "aether_edge_sync_lag_changes", "b"); v != 2 {
+		t.Fatalf("lag to b is %v changes, want 2", v)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	edgesyncv1 "github.com/aethermesh/aether/api/edgesync/v1"
 	"github.com/aethermesh/aether/edge/internal/core"
@@ -65,6 +66,10 @@ type logEntry struct {
 	enc     []byte
 	replica core.ReplicaID
 	seq     uint64 // 1-based position in its replica's chain
+	// durableAt is when the change became durable here (unix ns, the
+	// server's clock): the age of what a peer lacks is replication lag in
+	// seconds.
+	durableAt int64
 }
 
 // syncLog is every change this replica applied, in apply-index order, with
@@ -83,17 +88,21 @@ type syncLog struct {
 	mu      sync.Mutex
 	base    uint64 // index of entries[0]
 	entries []logEntry
-	byHash  map[core.Hash]uint64 // id -> index
-	applied vector               // every entry
-	durable uint64               // highest durable index
-	dvec    vector               // entries up to durable
+	byHash  map[core.Hash]uint64        // id -> index
+	applied vector                      // every entry
+	durable uint64                      // highest durable index
+	dvec    vector                      // entries up to durable
+	chains  map[core.ReplicaID][]uint64 // each replica's changes' indexes, in chain order
+	now     func() time.Time
 	bytes   int64
 	// changed is closed (and replaced) whenever durable advances.
 	changed chan struct{}
 }
 
-func newSyncLog() *syncLog {
+func newSyncLog(now func() time.Time) *syncLog {
 	return &syncLog{
+		now:     now,
+		chains:  make(map[core.ReplicaID][]uint64),
 		byHash:  make(map[core.Hash]uint64),
 		applied: make(vector),
 		dvec:    make(vector),
@@ -115,6 +124,7 @@ func (l *syncLog) add(index uint64, id core.Hash, enc []byte, replica core.Repli
 	l.applied[replica]++
 	l.entries = append(l.entries, logEntry{id: id, enc: enc, replica: replica, seq: l.applied[replica]})
 	l.byHash[id] = index
+	l.chains[replica] = append(l.chains[replica], index)
 	l.bytes += int64(len(enc))
 	if durable {
 		l.advance(index)
@@ -155,8 +165,11 @@ func (l *syncLog) advance(index uint64) {
 	if start < l.base {
 		start = l.base
 	}
+	at := l.now().UnixNano()
 	for i := start; i <= index; i++ {
-		l.dvec[l.entries[i-l.base].replica]++
+		e := &l.entries[i-l.base]
+		l.dvec[e.replica]++
+		e.durableAt = at
 	}
 	l.durable = index
 	close(l.changed)
@@ -196,6 +209,27 @@ func (l *syncLog) durableVector() vector {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.dvec.clone()
+}
+
+// oldestLacking is when the oldest durable change that a peer holding v
+// lacks became durable here; false when it lacks none.
+func (l *syncLog) oldestLacking(v vector) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var oldest int64
+	found := false
+	for r, n := range l.dvec {
+		if n <= v[r] {
+			continue
+		}
+		// The peer holds a prefix of r's chain: its first missing change
+		// is the oldest of r's it lacks.
+		at := l.entries[l.chains[r][v[r]]-l.base].durableAt
+		if !found || at < oldest {
+			oldest, found = at, true
+		}
+	}
+	return time.Unix(0, oldest), found
 }
 
 // stats is the DAG size: changes held and their encoded bytes.
