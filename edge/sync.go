@@ -151,13 +151,12 @@ func (y *syncer) durable(index uint64) { y.log.markDurable(index) }
 // start serves the peer URLs and starts a sender per peer.
 func (y *syncer) start() error {
 	y.metrics = newSyncMetrics(y)
-	if err := y.servePeers(); err != nil {
-		return err
-	}
 	peers, err := y.s.syncPeers()
 	if err != nil {
 		return err
 	}
+	// The peers exist before the peer server serves: its handlers look
+	// senders up in byID, which is not written after.
 	for _, m := range peers {
 		p, err := newPeer(y, m)
 		if err != nil {
@@ -165,6 +164,11 @@ func (y *syncer) start() error {
 		}
 		y.peers = append(y.peers, p)
 		y.byID[m.id] = p
+	}
+	if err := y.servePeers(); err != nil {
+		return err
+	}
+	for _, p := range y.peers {
 		y.wg.Add(1)
 		go func() {
 			defer y.wg.Done()
