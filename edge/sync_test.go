@@ -1068,3 +1068,50 @@ func TestSyncLagSeconds(t *testing.T) {
 		t.Fatalf("lag to b is %v changes, want 2", v)
 	}
 }
+
+// TestSyncStuckPeerDoesNotBlockWrites: a peer that accepts connections
+// and never answers (a blackhole) costs local writes nothing: they are
+// acknowledged at their usual pace, and the lag to it grows.
+func TestSyncStuckPeerDoesNotBlockWrites(t *testing.T) {
+	c := newTestCluster(t, []string{"a", "b"}, nil)
+	l, err := net.Listen("tcp", c.peer["b"].Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	var mu sync.Mutex
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			conn, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn) // held open, never read
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = l.Close()
+		<-done
+		mu.Lock()
+		for _, conn := range conns {
+			_ = conn.Close()
+		}
+		mu.Unlock()
+	})
+	a := c.start("a")
+	ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
+	defer cancel()
+	cli := newClient(t, a)
+	for i := range 200 {
+		if _, err := cli.Put(ctx, fmt.Sprintf("k%d", i), "v"); err != nil {
+			t.Fatalf("put %d with a stuck peer: %v", i, err)
+		}
+	}
+	if v := metricValue(t, a.Registry(), "aether_edge_sync_lag_changes", "b"); v != 200 {
+		t.Fatalf("lag to the stuck peer is %v changes, want 200", v)
+	}
+}
