@@ -242,6 +242,7 @@ func (p *peer) noteAck(ack *edgesyncv1.Ack) {
 	p.acked = v
 	p.lastSync = p.y.s.now()
 	p.mu.Unlock()
+	p.y.kick()
 }
 
 // peerState is a snapshot of what the sender knows of its peer.

@@ -208,6 +208,9 @@ func (s *Server) mergeChanges(ctx context.Context, from *peer, encs [][]byte) (i
 		b = s.commit.last()
 	}
 	s.mu.Unlock()
+	if from != nil {
+		s.sync.kick() // what the sender holds (noteHeard) grew
+	}
 	if err := b.wait(ctx); err != nil {
 		return n, err
 	}

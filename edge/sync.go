@@ -121,6 +121,11 @@ type syncer struct {
 	peers []*peer
 	byID  map[uint64]*peer
 
+	// waitCh is closed (and replaced) when a peer's known holdings grow
+	// (sync_ext.go).
+	waitMu sync.Mutex
+	waitCh chan struct{}
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -128,7 +133,7 @@ type syncer struct {
 }
 
 func newSyncer(s *Server) *syncer {
-	y := &syncer{s: s, log: newSyncLog(s.now), interval: s.cfg.SyncInterval, byID: map[uint64]*peer{}}
+	y := &syncer{s: s, log: newSyncLog(s.now), interval: s.cfg.SyncInterval, byID: map[uint64]*peer{}, waitCh: make(chan struct{})}
 	if y.interval <= 0 {
 		y.interval = DefaultSyncInterval
 	}

@@ -28,7 +28,9 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	edgev1 "github.com/aethermesh/aether/api/edge/v1"
 	edgesyncv1 "github.com/aethermesh/aether/api/edgesync/v1"
@@ -1113,5 +1115,55 @@ func TestSyncStuckPeerDoesNotBlockWrites(t *testing.T) {
 	}
 	if v := metricValue(t, a.Registry(), "aether_edge_sync_lag_changes", "b"); v != 200 {
 		t.Fatalf("lag to the stuck peer is %v changes, want 200", v)
+	}
+}
+
+// TestSyncWaitReplicated: the extension API's wait returns once a write is
+// on k replicas, waits while it is not (deadline), and refuses what it
+// cannot answer.
+func TestSyncWaitReplicated(t *testing.T) {
+	c := newTestCluster(t, []string{"a", "b", "c"}, nil)
+	a := c.start("a")
+	c.start("b")
+	ctx := testCtx(t)
+	put, err := newClient(t, a).Put(ctx, "k", "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ext := extClient(t, a)
+	h, err := ext.HashOfRevision(ctx, &edgev1.HashOfRevisionRequest{Revision: put.Header.Revision})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait := func(ctx context.Context, k uint32, hashes ...[]byte) (*edgev1.WaitReplicatedResponse, error) {
+		return ext.WaitReplicated(ctx, &edgev1.WaitReplicatedRequest{Hashes: hashes, Replicas: k})
+	}
+	resp, err := wait(ctx, 2, h.Hash)
+	if err != nil || len(resp.MemberIds) != 1 || resp.MemberIds[0] != c.srv["b"].MemberID() {
+		t.Fatalf("wait for 2 replicas: %+v %v", resp, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if _, err := wait(short, 3, h.Hash); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("wait for 3 replicas with c down: %v", err)
+	}
+	if _, err := wait(ctx, 4, h.Hash); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("wait for 4 of 3 replicas: %v", err)
+	}
+	if _, err := wait(ctx, 1, make([]byte, 32)); status.Code(err) != codes.NotFound {
+		t.Fatalf("wait for an unknown change: %v", err)
+	}
+	// A wait in progress returns when c comes up and catches up.
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := wait(ctx, 3, h.Hash)
+		if err == nil && len(resp.MemberIds) != 2 {
+			err = fmt.Errorf("holders %v", resp.MemberIds)
+		}
+		errc <- err
+	}()
+	c.start("c")
+	if err := <-errc; err != nil {
+		t.Fatalf("wait for 3 replicas once c is up: %v", err)
 	}
 }
