@@ -787,6 +787,6 @@ func newEdgeCmd(d deps) *cobra.Command {
 			return d.runEdge(cmd.Context(), res.settings)
 		},
 	}
-	cmd.AddCommand(newEdgeStatusCmd()) // edge_status.go
+	cmd.AddCommand(newEdgeStatusCmd(), newEdgePutCmd()) // edge_status.go, edge_put.go
 	return cmd
 }

@@ -50,35 +50,9 @@ the replica has).`,
 }
 
 func edgeStatus(ctx context.Context, cmd *cobra.Command, endpoint, cacert, cert, key string) error {
-	u, err := url.Parse(endpoint)
-	if err != nil || u.Host == "" {
-		return fmt.Errorf("--endpoint %q: want a URL such as http://127.0.0.1:2379", endpoint)
-	}
-	creds := insecure.NewCredentials()
-	if u.Scheme == "https" {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if cacert != "" {
-			pem, err := os.ReadFile(cacert)
-			if err != nil {
-				return fmt.Errorf("--cacert: %w", err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return fmt.Errorf("--cacert %s: no certificate found", cacert)
-			}
-		}
-		if cert != "" || key != "" {
-			c, err := tls.LoadX509KeyPair(cert, key)
-			if err != nil {
-				return fmt.Errorf("--cert/--key: %w", err)
-			}
-			tc.Certificates = []tls.Certificate{c}
-		}
-		creds = credentials.NewTLS(tc)
-	}
-	conn, err := grpc.NewClient(u.Host, grpc.WithTransportCredentials(creds))
+	conn, err := dialEdge(endpoint, cacert, cert, key)
 	if err != nil {
-		return fmt.Errorf("connect to %s: %w", endpoint, err)
+		return err
 	}
 	defer conn.Close()
 	ext := edgev1.NewEdgeClient(conn)
@@ -115,4 +89,40 @@ func edgeStatus(ctx context.Context, cmd *cobra.Command, endpoint, cacert, cert,
 
 func yesNo(b bool) string {
 	return map[bool]string{true: "yes", false: "no"}[b]
+}
+
+// dialEdge connects to a replica's client URL (https: with the given CA,
+// certificate and key).
+func dialEdge(endpoint, cacert, cert, key string) (*grpc.ClientConn, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("--endpoint %q: want a URL such as http://127.0.0.1:2379", endpoint)
+	}
+	creds := insecure.NewCredentials()
+	if u.Scheme == "https" {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if cacert != "" {
+			pem, err := os.ReadFile(cacert)
+			if err != nil {
+				return nil, fmt.Errorf("--cacert: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("--cacert %s: no certificate found", cacert)
+			}
+		}
+		if cert != "" || key != "" {
+			c, err := tls.LoadX509KeyPair(cert, key)
+			if err != nil {
+				return nil, fmt.Errorf("--cert/--key: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{c}
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	conn, err := grpc.NewClient(u.Host, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", endpoint, err)
+	}
+	return conn, nil
 }

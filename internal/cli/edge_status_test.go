@@ -93,6 +93,26 @@ func TestEdgeStatus(t *testing.T) {
 	if f := strings.Fields(rowC); len(f) != 6 || f[2] != "false" || f[3] != "never" || f[4] != "1" || f[5] != "no" {
 		t.Fatalf("peer c's row %q in\n%s", rowC, out)
 	}
+
+	// aether edge put --replicas: on 2 (a and b), not on 3 (c is down).
+	edgePut := func(args ...string) (string, error) {
+		var out, errb bytes.Buffer
+		root := newRoot(deps{stdout: &out, stderr: &errb, lookupEnv: func(string) (string, bool) { return "", false }})
+		root.SetOut(&out)
+		root.SetErr(&errb)
+		root.SetArgs(append([]string{"edge", "put", "--endpoint", srv["a"].ClientURLs()[0]}, args...))
+		err := root.ExecuteContext(ctx)
+		return out.String(), err
+	}
+	if out, err := edgePut("--replicas", "2", "x", "1"); err != nil || !strings.Contains(out, "on 2 replicas") {
+		t.Fatalf("edge put --replicas 2: %q %v", out, err)
+	}
+	if _, err := edgePut("--replicas", "3", "--timeout", "300ms", "x", "2"); err == nil || !strings.Contains(err.Error(), "waiting for 3 replicas") {
+		t.Fatalf("edge put --replicas 3 with c down: %v", err)
+	}
+	if r, err := cli.Get(ctx, "x"); err != nil || len(r.Kvs) != 1 || string(r.Kvs[0].Value) != "2" {
+		t.Fatalf("the put that timed out waiting is still acknowledged: %v %v", r, err)
+	}
 }
 
 // The sync flags reach the server's config.
