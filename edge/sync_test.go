@@ -210,6 +210,22 @@ func waitConverged(t *testing.T, ss []*Server) uint32 {
 		h, ok = converged(ctx, t, ss)
 		return ok
 	})
+	// The same changes make the same DAG: every replica reports the same
+	// heads on the extension API.
+	var first [][]byte
+	for i, s := range ss {
+		resp, err := extClient(t, s).Heads(ctx, &edgev1.HeadsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = resp.Heads
+			continue
+		}
+		if !slices.EqualFunc(first, resp.Heads, bytes.Equal) {
+			t.Fatalf("converged replicas report different heads: %x and %x", first, resp.Heads)
+		}
+	}
 	return h
 }
 
