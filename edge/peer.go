@@ -171,10 +171,11 @@ func (p *peer) session(ctx context.Context) error {
 	tick := time.NewTicker(p.y.interval)
 	defer tick.Stop()
 	for {
-		p.mu.Lock()
-		heard := p.heard.clone()
-		p.mu.Unlock()
-		batch, wake := p.y.log.take(cur, heard, syncBatchChanges, syncBatchBytes)
+		// What the peer holds besides what this stream sent: changes it
+		// sent us, and its acked vector, which includes what other peers
+		// gave it (so two senders catching it up share the work).
+		held := p.state().acked
+		batch, wake := p.y.log.take(cur, held, syncBatchChanges, syncBatchBytes)
 		if len(batch) > 0 {
 			req := &edgesyncv1.PushRequest{Changes: batch}
 			if err := stream.Send(req); err != nil {

@@ -275,8 +275,8 @@ func (l *syncLog) newCursor(pv vector) *cursor {
 // unless a single change is larger), advancing c, and the channel that is
 // closed when more becomes durable: taken together, under the lock, so no
 // wake-up is lost between an empty batch and the wait. held is what the
-// peer is known to hold besides what c sent (the changes it sent us): not
-// sent back.
+// peer is known to hold besides what c sent (the changes it sent us, its
+// acks): not sent.
 func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte, <-chan struct{}) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
