@@ -55,7 +55,26 @@ package edge
 // any of its ops won), is persisted by group commit, reaches watchers as
 // ordinary events in revision order, and only then is acknowledged (the ack
 // carries the receiver's durable vector). A change already held is skipped
-// (its hash is in the log).
+// (its hash is in the log). Merges are not refused by the space quota
+// (NOSPACE stops local writes, not convergence).
+//
+// A sender does not send what the peer is known to hold: the peer's acked
+// vector, and the changes the peer itself sent us (noted before they are
+// durable here, so they are never echoed back). Two senders catching up
+// the same peer at once may still both send a change (at most once each).
+//
+// The vector is only as good as the replica's log: a replica whose data
+// directory is lost must rejoin under a new name (a new member id), as an
+// etcd member would be removed and added, or its new changes would be
+// numbered like its lost ones.
+//
+// # Replication status
+//
+// A change (R, seq) is on peer P iff what P is known to hold (above) has
+// R >= seq: ReplicationStatus and WaitReplicated (the extension API),
+// `aether edge status` and `aether edge put --replicas k` read that, and the
+// lag metrics are the difference between this replica's durable vector and
+// it (in changes, and in the age of the oldest change missing).
 //
 // # Leases
 //
@@ -83,8 +102,8 @@ package edge
 //     of a change replay. Compaction (local, etcd's) keeps the hashes of
 //     the changes it drops as applied, so a peer's change on an old parent
 //     still merges; GC is what will finally drop them.
-//   - Replication status: a change (R, seq) is on peer P iff P's acked
-//     vector has R >= seq (ReplicationStatus on the extension API).
+//   - Bounded memory: the sync log holds every change's encoding today;
+//     GC cuts its prefix at the stable point as it does the DAG's.
 
 import (
 	"context"
