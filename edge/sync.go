@@ -95,8 +95,11 @@ package edge
 //     reconnection resumes from the vector.
 //   - JSON merge: it changes how core.Merge decides ops, not what is sent.
 //   - GC of causally stable changes: the acked vectors are exactly what a
-//     replica knows each peer holds; the elementwise minimum over live
-//     peers is the stable point. The log then keeps a per-replica base
+//     replica knows each peer holds; the elementwise minimum over every
+//     live replica is the stable point. In a complete graph a replica
+//     hears every vector itself; with Config.SyncPeers a subset, acks will
+//     have to relay the vectors a replica knows of the others (a repeated
+//     field on Ack). The log then keeps a per-replica base
 //     (entries below it dropped) and a peer whose vector is below the base
 //     gets a snapshot (a Hello/Ack extension: "snapshot follows") instead
 //     of a change replay. Compaction (local, etcd's) keeps the hashes of
