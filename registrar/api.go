@@ -295,3 +295,22 @@ func (r *Registrar) Now() time.Time { return r.now() }
 // Options are the options the replica runs with, defaults filled in and
 // the sync mode resolved against the backend's capabilities.
 func (r *Registrar) Options() Options { return r.opts }
+
+// Nodes are the node records this replica holds, as stored: shared, so the
+// caller must not modify them. Unlike ListNodes it asks the backend
+// nothing (no lease lookups), so it answers at once while the backend is
+// slow or unreachable: what a status page counts nodes with.
+func (r *Registrar) Nodes() []*registryv1.Node {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.st.Nodes()
+}
+
+// Version is the position of the replica's latest event: its epoch and
+// a sequence that grows by one per endpoint event. Unlike List it copies
+// nothing, so a status page can sample it every second to count events.
+func (r *Registrar) Version() registry.Position {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.st.Version()
+}

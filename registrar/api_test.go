@@ -228,3 +228,44 @@ func TestSubscribeBeforeStart(t *testing.T) {
 		t.Fatalf("identity %+v", id)
 	}
 }
+
+// TestVersionCountsEvents: Version is List's version without the copy,
+// and its sequence grows by one per endpoint event (what the status page
+// counts events per second by); Nodes holds the announced records.
+func TestVersionCountsEvents(t *testing.T) {
+	r := inProcess(t)
+	_, listed, err := r.List(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v0 := r.Version()
+	if v0.String() != listed {
+		t.Fatalf("Version %s, List's version %s", v0, listed)
+	}
+	ep := apiEndpoint("web", "10.0.0.1")
+	if _, _, err := r.Register(ep); err != nil {
+		t.Fatal(err)
+	}
+	ep.Cluster, ep.Region = "c1", "r1"
+	if _, _, err := r.Drain(registry.IDOf(ep)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Unregister(registry.IDOf(ep)); err != nil {
+		t.Fatal(err)
+	}
+	if v := r.Version(); v.Epoch != v0.Epoch || v.Seq != v0.Seq+3 {
+		t.Fatalf("after three events: %s, want %s:%d", v, v0.Epoch, v0.Seq+3)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := r.AnnounceNode(ctx, &registryv1.Node{Name: "node-a", Zone: "z1", Address: "10.0.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.Nodes(); len(n) != 1 || n[0].GetName() != "node-a" || n[0].GetZone() != "z1" {
+		t.Fatalf("Nodes: %v", n)
+	}
+	if v := r.Version(); v.Seq != v0.Seq+3 {
+		t.Fatalf("a node announcement is not an endpoint event, yet the sequence moved to %d", v.Seq)
+	}
+}

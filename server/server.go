@@ -36,6 +36,7 @@ import (
 	etcdstore "github.com/aethermesh/aether/backend/etcd"
 	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 	"github.com/aethermesh/aether/backend/etcd/replicator"
+	"github.com/aethermesh/aether/console"
 	"github.com/aethermesh/aether/pki"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registrar/grpcapi"
@@ -71,6 +72,8 @@ type Server struct {
 	xdsDone chan struct{} // closed when xdsGRPC.Serve has returned
 
 	tls *pki.Reloader // nil without --tls-cert
+
+	console *console.Console // the status page at /ui (ui.go)
 
 	repl     *replicator.Replicator // nil without --peer-etcd; set by load
 	replStop context.CancelFunc
@@ -226,13 +229,26 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 		}
 		grpcCreds = append(grpcCreds, grpc.Creds(credentials.NewTLS(cfg)))
 		// HTTP (/healthz, /readyz, /metrics) serves the same, reloaded
-		// certificate but asks for no client certificate: health probes and
-		// scrapers rarely have one, and these endpoints write nothing.
-		s.httpLis = tls.NewListener(s.httpLis, &tls.Config{
+		// certificate but requires no client certificate: health probes and
+		// scrapers rarely have one, and these endpoints write nothing. With
+		// mTLS on it verifies one when given, against the same reloaded
+		// client CA as gRPC, so that the console (/ui) can admit operators
+		// only (ui.go).
+		httpTLS := &tls.Config{
 			MinVersion:     tls.VersionTLS12,
 			GetCertificate: s.tls.GetCertificate,
 			NextProtos:     []string{"h2", "http/1.1"},
-		})
+		}
+		if opts.AuthzEnabled() {
+			httpTLS.ClientAuth = tls.VerifyClientCertIfGiven
+			httpTLS.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+				c := httpTLS.Clone()
+				c.GetConfigForClient = nil
+				c.ClientCAs = s.tls.CAPool()
+				return c, nil
+			}
+		}
+		s.httpLis = tls.NewListener(s.httpLis, httpTLS)
 		if opts.AuthzEnabled() {
 			prefix, _ := authz.NormalizeOperatorPrefix(opts.TrustDomain, opts.OperatorPrefix) // validated
 			log.Info("mTLS on: client certificates required, calls authorized per identity",
@@ -310,6 +326,8 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 			return nil, err
 		}
 	}
+
+	s.serveConsole(mux)
 
 	loadCtx, cancel := context.WithCancel(ctx)
 	s.loadStop = cancel
@@ -564,6 +582,10 @@ func (s *Server) closeXDS() {
 }
 
 func (s *Server) teardown() {
+	if s.console != nil {
+		s.console.Close()
+		s.console = nil
+	}
 	s.closeXDS()
 	if s.replStop != nil {
 		// Stops mirroring without revoking peer leases: revoking would

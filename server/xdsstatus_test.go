@@ -62,10 +62,12 @@ func TestXDSStatusEndpoint(t *testing.T) {
 		t.Errorf("client %+v: want status-node, sotw over ads, in r1/z1", c)
 	}
 
-	// A change pushed to the waiting client is a push latency sample;
-	// the scrape with it passes promtool.
+	// A change pushed to the waiting client is a push latency sample (a
+	// change of the service it watches: resources are versioned one by
+	// one, so another service's change pushes nothing to it); the scrape
+	// with it passes promtool.
 	b2 := xdstest.StartBackends(t, 1)[0]
-	if _, _, err := s.Registrar().Register(&registryv1.ServiceEndpoint{Service: "api", Protocol: registryv1.Protocol_PROTOCOL_GRPC,
+	if _, _, err := s.Registrar().Register(&registryv1.ServiceEndpoint{Service: "web", Protocol: registryv1.Protocol_PROTOCOL_GRPC,
 		Ip: "127.0.0.2", Ports: []*registryv1.Port{{Name: "grpc", Port: b2.Port()}}, Zone: "z1"}); err != nil {
 		t.Fatal(err)
 	}

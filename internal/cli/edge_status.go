@@ -87,9 +87,7 @@ func edgeStatus(ctx context.Context, cmd *cobra.Command, endpoint, cacert, cert,
 	return tw.Flush()
 }
 
-func yesNo(b bool) string {
-	return map[bool]string{true: "yes", false: "no"}[b]
-}
+// yesNo is status.go's.
 
 // dialEdge connects to a replica's client URL (https: with the given CA,
 // certificate and key).

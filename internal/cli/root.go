@@ -81,6 +81,7 @@ example --grpc-addr as AETHER_GRPC_ADDR; a flag on the command line wins.`,
 		newCertsCmd(),
 		newXDSCmd(),
 		newEdgeCmd(d),
+		newStatusCmd(),
 	)
 	documentEnv(root)
 	return root
