@@ -87,8 +87,6 @@ func edgeStatus(ctx context.Context, cmd *cobra.Command, endpoint, cacert, cert,
 	return tw.Flush()
 }
 
-// yesNo is status.go's.
-
 // dialEdge connects to a replica's client URL (https: with the given CA,
 // certificate and key).
 func dialEdge(endpoint, cacert, cert, key string) (*grpc.ClientConn, error) {
