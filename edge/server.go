@@ -243,8 +243,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, errors.Join(err, s.Close(context.Background()))
 	}
 	s.ready.Store(true)
+	// Clients and peers may already be writing: read under the lock.
+	s.mu.RLock()
+	rev := s.st.Rev()
+	s.mu.RUnlock()
 	s.log.Info("ready to serve client requests", "name", cfg.Name, "member-id", fmt.Sprintf("%x", s.memberID),
-		"cluster-id", fmt.Sprintf("%x", s.clusterID), "revision", s.st.Rev(), "client-urls", s.ClientURLs())
+		"cluster-id", fmt.Sprintf("%x", s.clusterID), "revision", rev, "client-urls", s.ClientURLs())
 	return s, nil
 }
 
