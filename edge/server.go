@@ -103,19 +103,28 @@ type Config struct {
 	// QuotaBackendBytes is etcd's --quota-backend-bytes: 0 means etcd's
 	// default (2 GiB), negative no quota. See quota.go for what it bounds.
 	QuotaBackendBytes int64
+	// AutoCompactionMode and AutoCompactionRetention are etcd's
+	// --auto-compaction-mode ("periodic", the default, or "revision") and
+	// --auto-compaction-retention (a duration in periodic mode, a count of
+	// revisions in revision mode, as time.Duration(count) the way etcd
+	// passes it); a zero retention compacts nothing (autocompact.go).
+	AutoCompactionMode      string
+	AutoCompactionRetention time.Duration
 }
 
 // Server is one running edge replica.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	now     func() time.Time
-	reg     *prometheus.Registry
-	store   *storage.Log
-	commit  *committer
-	hub     *hub
-	metrics *serverMetrics
-	sync    *syncer // replication (sync.go)
+	cfg    Config
+	log    *slog.Logger
+	now    func() time.Time
+	reg    *prometheus.Registry
+	store  *storage.Log
+	commit *committer
+	hub    *hub
+	// autoCompact is etcd's compactor when a retention is set.
+	autoCompact *autoCompactor
+	metrics     *serverMetrics
+	sync        *syncer // replication (sync.go)
 
 	memberID, clusterID uint64
 	members             []member
@@ -237,6 +246,9 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}()
 
 	if err := s.serve(); err != nil {
+		return nil, errors.Join(err, s.Close(context.Background()))
+	}
+	if s.autoCompact, err = s.startAutoCompaction(cfg.AutoCompactionMode, cfg.AutoCompactionRetention); err != nil {
 		return nil, errors.Join(err, s.Close(context.Background()))
 	}
 	if err := s.sync.start(); err != nil {
@@ -388,6 +400,9 @@ func (s *Server) ClusterID() uint64 { return s.clusterID }
 func (s *Server) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.ready.Store(false)
+		if s.autoCompact != nil {
+			s.autoCompact.stop()
+		}
 		close(s.closing)
 		var errs []error
 		if s.grpc != nil {

@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -116,7 +117,6 @@ var edgeOtherFlags = []edgeOtherFlag{
 	{name: "feature-gates", def: "", class: edgeIgnored},
 	{name: "v2-deprecation", def: "", class: edgeIgnored}, // etcd ignores it too
 	{name: "enable-grpc-gateway", def: "true", class: edgeIgnored, isBool: true},
-	{name: "auto-compaction-mode", def: "periodic", class: edgeIgnored}, // inert without a retention
 	{name: "log-rotation-config-json", def: `{"maxsize": 100, "maxage": 0, "maxbackups": 0, "localtime": false, "compress": false}`, class: edgeIgnored},
 	{name: "bcrypt-cost", def: "10", class: edgeIgnored},     // auth tuning; auth is refused
 	{name: "auth-token-ttl", def: "300", class: edgeIgnored}, // same
@@ -156,7 +156,6 @@ var edgeOtherFlags = []edgeOtherFlag{
 	// Features aether edge does not have.
 	{name: "config-file", def: "", class: edgeRefused, why: "configuration files are not supported; use flags or ETCD_* variables"},
 	{name: "auth-token", def: "simple", class: edgeRefused, why: "authentication is not implemented"},
-	{name: "auto-compaction-retention", def: "0", class: edgeRefused, why: "automatic compaction is not implemented; compact with the Compact RPC"},
 	{name: "force-new-cluster", def: "false", isBool: true, class: edgeRefused, why: "there is no Raft membership to reset"},
 	{name: "discovery-token", def: "", class: edgeRefused, why: "discovery is not implemented; use --initial-cluster"},
 	{name: "discovery-endpoints", def: "", class: edgeRefused, why: "discovery is not implemented; use --initial-cluster"},
@@ -217,6 +216,8 @@ type edgeSettings struct {
 	MaxRequestBytes, MaxTxnOps                                               int
 	WatchProgressNotifyInterval                                              time.Duration
 	QuotaBackendBytes                                                        int64
+	AutoCompactionMode                                                       string
+	AutoCompactionRetention                                                  time.Duration
 	SyncPeers                                                                []string      // --sync-peers (edge/sync.go)
 	SyncInterval                                                             time.Duration // --sync-interval
 	Logger                                                                   *slog.Logger
@@ -251,6 +252,7 @@ type edgeFlags struct {
 	maxRequestBytes, maxTxnOps                 uint
 	progressInterval                           time.Duration
 	quotaBackendBytes                          int64
+	autoCompactionMode, autoCompactionRet      string
 	syncPeers                                  string
 	syncInterval                               time.Duration
 	version                                    bool
@@ -296,6 +298,8 @@ func newEdgeFlags(args []string) *edgeFlags {
 	fs.UintVar(&f.maxRequestBytes, "max-request-bytes", edgeDefaultMaxRequest, "Maximum client request size in bytes the server will accept.")
 	fs.UintVar(&f.maxTxnOps, "max-txn-ops", edgeDefaultMaxTxnOps, "Maximum number of operations permitted in a transaction.")
 	fs.DurationVar(&f.progressInterval, "watch-progress-notify-interval", 0, "Duration of periodic watch progress notifications (0 is etcd's 10 minutes).")
+	fs.StringVar(&f.autoCompactionMode, "auto-compaction-mode", "periodic", "Interpret 'auto-compaction-retention' one of: periodic|revision. 'periodic' for duration based retention, defaulting to hours if no time unit is provided (e.g. '5m'). 'revision' for revision number based retention.")
+	fs.StringVar(&f.autoCompactionRet, "auto-compaction-retention", "0", "Auto compaction retention for mvcc key value store. 0 means disable auto compaction.")
 	fs.Int64Var(&f.quotaBackendBytes, "quota-backend-bytes", 0, "Raise a NOSPACE alarm when the history kept since the last compaction exceeds this many bytes (0 is etcd's 2 GiB).")
 	// Not etcd's: replication between edge replicas (edge/sync.go).
 	fs.StringVar(&f.syncPeers, "sync-peers", "", "Comma-separated names of the initial-cluster members this replica syncs with (empty: every other member).")
@@ -534,6 +538,9 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 		return errors.New("--quota-backend-bytes must not be negative")
 	}
 	s.QuotaBackendBytes = f.quotaBackendBytes
+	if s.AutoCompactionMode, s.AutoCompactionRetention, err = compactionRetention(f.autoCompactionMode, f.autoCompactionRet); err != nil {
+		return err
+	}
 	if f.syncPeers != "" {
 		s.SyncPeers = strings.Split(f.syncPeers, ",")
 	}
@@ -789,4 +796,35 @@ func newEdgeCmd(d deps) *cobra.Command {
 	}
 	cmd.AddCommand(newEdgeStatusCmd(), newEdgePutCmd()) // edge_status.go, edge_put.go
 	return cmd
+}
+
+// compactionRetention reads --auto-compaction-mode and
+// --auto-compaction-retention as etcd's embed.parseCompactionRetention
+// does: a bare number is hours in periodic mode and a count of revisions in
+// revision mode (carried as a time.Duration of that many units, etcd's own
+// convention); anything else must be a duration, which only periodic mode
+// takes.
+func compactionRetention(mode, retention string) (string, time.Duration, error) {
+	switch mode {
+	case "periodic", "revision":
+	default:
+		return "", 0, fmt.Errorf("invalid value %q for --auto-compaction-mode: valid values are \"periodic\", \"revision\"", mode)
+	}
+	if n, err := strconv.Atoi(retention); err == nil {
+		if n < 0 {
+			return "", 0, fmt.Errorf("--auto-compaction-retention must not be negative, got %d", n)
+		}
+		if mode == "revision" {
+			return mode, time.Duration(int64(n)), nil
+		}
+		return mode, time.Duration(int64(n)) * time.Hour, nil
+	}
+	if mode == "revision" {
+		return "", 0, fmt.Errorf("--auto-compaction-retention %q: in revision mode it is a number of revisions", retention)
+	}
+	d, err := time.ParseDuration(retention)
+	if err != nil || d < 0 {
+		return "", 0, fmt.Errorf("--auto-compaction-retention %q: want a duration such as 5m, or a number of hours", retention)
+	}
+	return mode, d, nil
 }

@@ -33,6 +33,8 @@ func (s *edgeSettings) edgeConfig() edge.Config {
 		Logger:                      s.Logger,
 		WatchProgressNotifyInterval: s.WatchProgressNotifyInterval,
 		QuotaBackendBytes:           s.QuotaBackendBytes,
+		AutoCompactionMode:          s.AutoCompactionMode,
+		AutoCompactionRetention:     s.AutoCompactionRetention,
 		SyncPeers:                   s.SyncPeers,
 		SyncInterval:                s.SyncInterval,
 	}

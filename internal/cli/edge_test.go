@@ -311,6 +311,11 @@ func TestEdgeBadCommandLines(t *testing.T) {
 		{[]string{"--log-level=loud"}, "log level"},
 		{[]string{"--logger=capnslog"}, `unknown logger option "capnslog"`},
 		{[]string{"--max-txn-ops=0"}, "--max-txn-ops"},
+		{[]string{"--quota-backend-bytes=-1"}, "--quota-backend-bytes"},
+		{[]string{"--auto-compaction-mode=hourly"}, "--auto-compaction-mode"},
+		{[]string{"--auto-compaction-mode=revision", "--auto-compaction-retention=5m"}, "in revision mode it is a number of revisions"},
+		{[]string{"--auto-compaction-retention=soon"}, "--auto-compaction-retention"},
+		{[]string{"--auto-compaction-retention=-3"}, "--auto-compaction-retention must not be negative"},
 	} {
 		res := runEdgeCLI(t, nil, tc.args...)
 		if res.err == nil || !strings.Contains(res.err.Error(), tc.want) {
@@ -318,6 +323,26 @@ func TestEdgeBadCommandLines(t *testing.T) {
 		}
 		if res.settings != nil {
 			t.Errorf("%q: the server was started", tc.args)
+		}
+	}
+}
+
+// --auto-compaction-* read as etcd reads them: a bare number is hours in
+// periodic mode and revisions in revision mode, a duration is periodic.
+func TestEdgeAutoCompactionFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		mode      string
+		retention time.Duration
+	}{
+		{nil, "periodic", 0},
+		{[]string{"--auto-compaction-retention=2"}, "periodic", 2 * time.Hour},
+		{[]string{"--auto-compaction-retention=5m"}, "periodic", 5 * time.Minute},
+		{[]string{"--auto-compaction-mode=revision", "--auto-compaction-retention=1000"}, "revision", time.Duration(1000)},
+	} {
+		s := mustEdge(t, nil, tc.args...).settings
+		if s.AutoCompactionMode != tc.mode || s.AutoCompactionRetention != tc.retention {
+			t.Errorf("%q: mode %q retention %v, want %q %v", tc.args, s.AutoCompactionMode, s.AutoCompactionRetention, tc.mode, tc.retention)
 		}
 	}
 }
