@@ -12,9 +12,10 @@ rm -rf .proto/aether/*
 ln -s ../../registry .proto/aether/registry
 ln -s ../../registrar .proto/aether/registrar
 ln -s ../../edge .proto/aether/edge
+ln -s ../../edgesync .proto/aether/edgesync
 protoc -I .proto \
   --go_out=paths=source_relative:.proto \
   --go-grpc_out=paths=source_relative:.proto \
   aether/registry/v1/registry.proto aether/registrar/v1/registrar.proto \
-  aether/edge/v1/edge.proto
+  aether/edge/v1/edge.proto aether/edgesync/v1/edgesync.proto
 rm -rf .proto

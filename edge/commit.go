@@ -80,6 +80,7 @@ func (c *committer) add(ap *core.Applied) *batch {
 	b.recs = append(b.recs, storage.Record{Index: ap.Index, Rev: ap.Rev, ID: ap.ID, Change: ap.Encoded})
 	b.applied = append(b.applied, ap)
 	c.mu.Unlock()
+	c.s.sync.applied(ap)
 	c.s.quotaUsed.Add(eventsCost(ap.Events))
 	select {
 	case c.kick <- struct{}{}:
@@ -160,6 +161,7 @@ func (c *committer) persist(b *batch) {
 		return
 	}
 	s.metrics.observeBatch(len(b.recs), time.Since(start))
+	s.sync.durable(b.recs[len(b.recs)-1].Index)
 	// Watchers see the changes once durable, before the writers hear back:
 	// a client that got its response and then watches from the next
 	// revision cannot miss it either way.

@@ -69,7 +69,7 @@ func (e *extServer) RevisionOfHash(ctx context.Context, r *edgev1.RevisionOfHash
 	return resp, err
 }
 
-// ReplicationStatus: part 1 has no peers, so no peer holds anything.
+// ReplicationStatus: what sync has learned of each peer (sync.go).
 func (e *extServer) ReplicationStatus(ctx context.Context, r *edgev1.ReplicationStatusRequest) (*edgev1.ReplicationStatusResponse, error) {
 	for _, h := range r.Hashes {
 		if len(h) != len(core.Hash{}) {
@@ -78,7 +78,7 @@ func (e *extServer) ReplicationStatus(ctx context.Context, r *edgev1.Replication
 	}
 	var resp *edgev1.ReplicationStatusResponse
 	_, err := e.s.read(ctx, func() error {
-		resp = &edgev1.ReplicationStatusResponse{Header: e.extHeader(), Peers: []*edgev1.PeerStatus{}}
+		resp = &edgev1.ReplicationStatusResponse{Header: e.extHeader(), Peers: e.s.sync.peerStatus(r.Hashes)}
 		return nil
 	})
 	return resp, err

@@ -27,7 +27,7 @@
 // see serve.go for how connections are told apart. Besides etcd's KV,
 // Watch, Lease, Maintenance, Cluster and Auth services the port serves
 // etcd's Lock and Election services (lockelect.go) and the edge store's own
-// aether.edge.v1.Edge (ext.go).
+// aether.edge.v1.Edge (ext.go). Replicas sync on the peer URLs: see sync.go.
 package edge
 
 import (
@@ -94,6 +94,12 @@ type Config struct {
 	// etcd's default (10 minutes); values under 100ms are raised to 100ms
 	// as etcd does.
 	WatchProgressNotifyInterval time.Duration
+	// SyncPeers names the members this replica syncs with (sync.go); empty
+	// means every other member of the initial cluster.
+	SyncPeers []string
+	// SyncInterval is the anti-entropy probe interval; 0 means
+	// DefaultSyncInterval.
+	SyncInterval time.Duration
 	// QuotaBackendBytes is etcd's --quota-backend-bytes: 0 means etcd's
 	// default (2 GiB), negative no quota. See quota.go for what it bounds.
 	QuotaBackendBytes int64
@@ -118,6 +124,7 @@ type Server struct {
 	// autoCompact is etcd's compactor when a retention is set.
 	autoCompact *autoCompactor
 	metrics     *serverMetrics
+	sync        *syncer // replication (sync.go)
 
 	memberID, clusterID uint64
 	members             []member
@@ -217,6 +224,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 
 	s.metrics = newServerMetrics(s)
+	s.sync = newSyncer(s)
 	var err error
 	if s.members, err = clusterMembers(cfg); err != nil {
 		return nil, err
@@ -243,9 +251,16 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if s.autoCompact, err = s.startAutoCompaction(cfg.AutoCompactionMode, cfg.AutoCompactionRetention); err != nil {
 		return nil, errors.Join(err, s.Close(context.Background()))
 	}
+	if err := s.sync.start(); err != nil {
+		return nil, errors.Join(err, s.Close(context.Background()))
+	}
 	s.ready.Store(true)
+	// Clients and peers may already be writing: read under the lock.
+	s.mu.RLock()
+	rev := s.st.Rev()
+	s.mu.RUnlock()
 	s.log.Info("ready to serve client requests", "name", cfg.Name, "member-id", fmt.Sprintf("%x", s.memberID),
-		"cluster-id", fmt.Sprintf("%x", s.clusterID), "revision", s.st.Rev(), "client-urls", s.ClientURLs())
+		"cluster-id", fmt.Sprintf("%x", s.clusterID), "revision", rev, "client-urls", s.ClientURLs())
 	return s, nil
 }
 
@@ -284,7 +299,7 @@ func (s *Server) recover(ctx context.Context) error {
 		if err := s.st.Replay(r.Change, r.Index, r.Rev); err != nil {
 			return fmt.Errorf("replay change %d (rev %d): %w", r.Index, r.Rev, err)
 		}
-		return nil
+		return s.sync.log.addRecovered(r.Index, r.ID, r.Change)
 	})
 	if err != nil {
 		return fmt.Errorf("edge: recover from %s: %w", s.cfg.DataDir, err)
@@ -400,6 +415,12 @@ func (s *Server) Close(ctx context.Context) error {
 				// past the deadline cut them.
 				s.grpc.Stop()
 				<-done
+			}
+		}
+		if s.sync != nil {
+			// Before the committer closes: receivers hand it changes.
+			if err := s.sync.close(); err != nil {
+				errs = append(errs, fmt.Errorf("edge: close sync: %w", err))
 			}
 		}
 		for _, h := range s.http {

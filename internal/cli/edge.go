@@ -218,6 +218,8 @@ type edgeSettings struct {
 	QuotaBackendBytes                                                        int64
 	AutoCompactionMode                                                       string
 	AutoCompactionRetention                                                  time.Duration
+	SyncPeers                                                                []string      // --sync-peers (edge/sync.go)
+	SyncInterval                                                             time.Duration // --sync-interval
 	Logger                                                                   *slog.Logger
 
 	// Ignored are the ignored flags that were set, sorted; already logged.
@@ -251,6 +253,8 @@ type edgeFlags struct {
 	progressInterval                           time.Duration
 	quotaBackendBytes                          int64
 	autoCompactionMode, autoCompactionRet      string
+	syncPeers                                  string
+	syncInterval                               time.Duration
 	version                                    bool
 	other                                      map[string]*capturedFlag
 	experimental                               map[string]*capturedFlag
@@ -297,6 +301,9 @@ func newEdgeFlags(args []string) *edgeFlags {
 	fs.StringVar(&f.autoCompactionMode, "auto-compaction-mode", "periodic", "Interpret 'auto-compaction-retention' one of: periodic|revision. 'periodic' for duration based retention, defaulting to hours if no time unit is provided (e.g. '5m'). 'revision' for revision number based retention.")
 	fs.StringVar(&f.autoCompactionRet, "auto-compaction-retention", "0", "Auto compaction retention for mvcc key value store. 0 means disable auto compaction.")
 	fs.Int64Var(&f.quotaBackendBytes, "quota-backend-bytes", 0, "Raise a NOSPACE alarm when the history kept since the last compaction exceeds this many bytes (0 is etcd's 2 GiB).")
+	// Not etcd's: replication between edge replicas (edge/sync.go).
+	fs.StringVar(&f.syncPeers, "sync-peers", "", "Comma-separated names of the initial-cluster members this replica syncs with (empty: every other member).")
+	fs.DurationVar(&f.syncInterval, "sync-interval", 0, "Anti-entropy round interval per peer (0: 5s).")
 	fs.BoolVar(&f.version, "version", false, "Print the version and exit.")
 	for _, o := range edgeOtherFlags {
 		c := &capturedFlag{value: o.def, isBool: o.isBool}
@@ -534,6 +541,13 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 	if s.AutoCompactionMode, s.AutoCompactionRetention, err = compactionRetention(f.autoCompactionMode, f.autoCompactionRet); err != nil {
 		return err
 	}
+	if f.syncPeers != "" {
+		s.SyncPeers = strings.Split(f.syncPeers, ",")
+	}
+	if f.syncInterval < 0 {
+		return errors.New("--sync-interval must not be negative")
+	}
+	s.SyncInterval = f.syncInterval
 
 	client := transport.TLSInfo{CertFile: f.certFile, KeyFile: f.keyFile, TrustedCAFile: f.trustedCA, ClientCertAuth: f.clientCertAuth}
 	if s.ClientTLS, err = f.tlsConfig("client", client, f.autoTLS, s.ListenClientURLs, filepath.Join(s.DataDir, "fixtures", "client"), s.Logger); err != nil {
@@ -761,7 +775,7 @@ gRPC, /metrics and /health on the client URLs and logs "ready to serve
 client requests" when serving. See README "Edge store".`
 
 func newEdgeCmd(d deps) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "edge [etcd flags]",
 		Short: "Run an etcd-compatible edge store replica",
 		Long:  edgeLong,
@@ -780,6 +794,8 @@ func newEdgeCmd(d deps) *cobra.Command {
 			return d.runEdge(cmd.Context(), res.settings)
 		},
 	}
+	cmd.AddCommand(newEdgeStatusCmd(), newEdgePutCmd()) // edge_status.go, edge_put.go
+	return cmd
 }
 
 // compactionRetention reads --auto-compaction-mode and

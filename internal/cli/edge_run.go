@@ -35,6 +35,8 @@ func (s *edgeSettings) edgeConfig() edge.Config {
 		QuotaBackendBytes:           s.QuotaBackendBytes,
 		AutoCompactionMode:          s.AutoCompactionMode,
 		AutoCompactionRetention:     s.AutoCompactionRetention,
+		SyncPeers:                   s.SyncPeers,
+		SyncInterval:                s.SyncInterval,
 	}
 }
 

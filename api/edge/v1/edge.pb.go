@@ -483,21 +483,135 @@ func (x *ReplicationStatusResponse) GetPeers() []*PeerStatus {
 	return nil
 }
 
+type WaitReplicatedRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The changes to wait for, 32 bytes each (for a write: the hash of its
+	// revision, HashOfRevision).
+	Hashes [][]byte `protobuf:"bytes,1,rep,name=hashes,proto3" json:"hashes,omitempty"`
+	// How many replicas must hold every one of them, this one included.
+	Replicas      uint32 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitReplicatedRequest) Reset() {
+	*x = WaitReplicatedRequest{}
+	mi := &file_aether_edge_v1_edge_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitReplicatedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitReplicatedRequest) ProtoMessage() {}
+
+func (x *WaitReplicatedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_edge_v1_edge_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitReplicatedRequest.ProtoReflect.Descriptor instead.
+func (*WaitReplicatedRequest) Descriptor() ([]byte, []int) {
+	return file_aether_edge_v1_edge_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *WaitReplicatedRequest) GetHashes() [][]byte {
+	if x != nil {
+		return x.Hashes
+	}
+	return nil
+}
+
+func (x *WaitReplicatedRequest) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+type WaitReplicatedResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Header *Header                `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	// The peers known to hold every change asked about.
+	MemberIds     []uint64 `protobuf:"varint,2,rep,packed,name=member_ids,json=memberIds,proto3" json:"member_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitReplicatedResponse) Reset() {
+	*x = WaitReplicatedResponse{}
+	mi := &file_aether_edge_v1_edge_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitReplicatedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitReplicatedResponse) ProtoMessage() {}
+
+func (x *WaitReplicatedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_edge_v1_edge_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitReplicatedResponse.ProtoReflect.Descriptor instead.
+func (*WaitReplicatedResponse) Descriptor() ([]byte, []int) {
+	return file_aether_edge_v1_edge_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WaitReplicatedResponse) GetHeader() *Header {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *WaitReplicatedResponse) GetMemberIds() []uint64 {
+	if x != nil {
+		return x.MemberIds
+	}
+	return nil
+}
+
 type PeerStatus struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	MemberId uint64                 `protobuf:"varint,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
 	Name     string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// has[i] is true when the peer is known to hold hashes[i] of the request.
 	Has []bool `protobuf:"varint,3,rep,packed,name=has,proto3" json:"has,omitempty"`
-	// Unix nanoseconds of the last completed sync with the peer; 0 if none.
+	// Unix nanoseconds of the last completed sync with the peer (its last
+	// ack); 0 if none.
 	LastSyncUnixNano int64 `protobuf:"varint,4,opt,name=last_sync_unix_nano,json=lastSyncUnixNano,proto3" json:"last_sync_unix_nano,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Whether this replica's push stream to the peer is open now.
+	Connected bool `protobuf:"varint,5,opt,name=connected,proto3" json:"connected,omitempty"`
+	// Changes this replica holds durably that the peer is not known to hold
+	// (replication lag in changes).
+	ChangesBehind uint64 `protobuf:"varint,6,opt,name=changes_behind,json=changesBehind,proto3" json:"changes_behind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerStatus) Reset() {
 	*x = PeerStatus{}
-	mi := &file_aether_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_aether_edge_v1_edge_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -509,7 +623,7 @@ func (x *PeerStatus) String() string {
 func (*PeerStatus) ProtoMessage() {}
 
 func (x *PeerStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_edge_v1_edge_proto_msgTypes[9]
+	mi := &file_aether_edge_v1_edge_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -522,7 +636,7 @@ func (x *PeerStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerStatus.ProtoReflect.Descriptor instead.
 func (*PeerStatus) Descriptor() ([]byte, []int) {
-	return file_aether_edge_v1_edge_proto_rawDescGZIP(), []int{9}
+	return file_aether_edge_v1_edge_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PeerStatus) GetMemberId() uint64 {
@@ -549,6 +663,20 @@ func (x *PeerStatus) GetHas() []bool {
 func (x *PeerStatus) GetLastSyncUnixNano() int64 {
 	if x != nil {
 		return x.LastSyncUnixNano
+	}
+	return 0
+}
+
+func (x *PeerStatus) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *PeerStatus) GetChangesBehind() uint64 {
+	if x != nil {
+		return x.ChangesBehind
 	}
 	return 0
 }
@@ -582,18 +710,28 @@ const file_aether_edge_v1_edge_proto_rawDesc = "" +
 	"\x06hashes\x18\x01 \x03(\fR\x06hashes\"}\n" +
 	"\x19ReplicationStatusResponse\x12.\n" +
 	"\x06header\x18\x01 \x01(\v2\x16.aether.edge.v1.HeaderR\x06header\x120\n" +
-	"\x05peers\x18\x02 \x03(\v2\x1a.aether.edge.v1.PeerStatusR\x05peers\"~\n" +
+	"\x05peers\x18\x02 \x03(\v2\x1a.aether.edge.v1.PeerStatusR\x05peers\"K\n" +
+	"\x15WaitReplicatedRequest\x12\x16\n" +
+	"\x06hashes\x18\x01 \x03(\fR\x06hashes\x12\x1a\n" +
+	"\breplicas\x18\x02 \x01(\rR\breplicas\"g\n" +
+	"\x16WaitReplicatedResponse\x12.\n" +
+	"\x06header\x18\x01 \x01(\v2\x16.aether.edge.v1.HeaderR\x06header\x12\x1d\n" +
+	"\n" +
+	"member_ids\x18\x02 \x03(\x04R\tmemberIds\"\xc3\x01\n" +
 	"\n" +
 	"PeerStatus\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x10\n" +
 	"\x03has\x18\x03 \x03(\bR\x03has\x12-\n" +
-	"\x13last_sync_unix_nano\x18\x04 \x01(\x03R\x10lastSyncUnixNano2\xf8\x02\n" +
+	"\x13last_sync_unix_nano\x18\x04 \x01(\x03R\x10lastSyncUnixNano\x12\x1c\n" +
+	"\tconnected\x18\x05 \x01(\bR\tconnected\x12%\n" +
+	"\x0echanges_behind\x18\x06 \x01(\x04R\rchangesBehind2\xd9\x03\n" +
 	"\x04Edge\x12D\n" +
 	"\x05Heads\x12\x1c.aether.edge.v1.HeadsRequest\x1a\x1d.aether.edge.v1.HeadsResponse\x12_\n" +
 	"\x0eHashOfRevision\x12%.aether.edge.v1.HashOfRevisionRequest\x1a&.aether.edge.v1.HashOfRevisionResponse\x12_\n" +
 	"\x0eRevisionOfHash\x12%.aether.edge.v1.RevisionOfHashRequest\x1a&.aether.edge.v1.RevisionOfHashResponse\x12h\n" +
-	"\x11ReplicationStatus\x12(.aether.edge.v1.ReplicationStatusRequest\x1a).aether.edge.v1.ReplicationStatusResponseB1Z/github.com/aethermesh/aether/api/edge/v1;edgev1b\x06proto3"
+	"\x11ReplicationStatus\x12(.aether.edge.v1.ReplicationStatusRequest\x1a).aether.edge.v1.ReplicationStatusResponse\x12_\n" +
+	"\x0eWaitReplicated\x12%.aether.edge.v1.WaitReplicatedRequest\x1a&.aether.edge.v1.WaitReplicatedResponseB1Z/github.com/aethermesh/aether/api/edge/v1;edgev1b\x06proto3"
 
 var (
 	file_aether_edge_v1_edge_proto_rawDescOnce sync.Once
@@ -607,7 +745,7 @@ func file_aether_edge_v1_edge_proto_rawDescGZIP() []byte {
 	return file_aether_edge_v1_edge_proto_rawDescData
 }
 
-var file_aether_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_aether_edge_v1_edge_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_aether_edge_v1_edge_proto_goTypes = []any{
 	(*Header)(nil),                    // 0: aether.edge.v1.Header
 	(*HeadsRequest)(nil),              // 1: aether.edge.v1.HeadsRequest
@@ -618,27 +756,32 @@ var file_aether_edge_v1_edge_proto_goTypes = []any{
 	(*RevisionOfHashResponse)(nil),    // 6: aether.edge.v1.RevisionOfHashResponse
 	(*ReplicationStatusRequest)(nil),  // 7: aether.edge.v1.ReplicationStatusRequest
 	(*ReplicationStatusResponse)(nil), // 8: aether.edge.v1.ReplicationStatusResponse
-	(*PeerStatus)(nil),                // 9: aether.edge.v1.PeerStatus
+	(*WaitReplicatedRequest)(nil),     // 9: aether.edge.v1.WaitReplicatedRequest
+	(*WaitReplicatedResponse)(nil),    // 10: aether.edge.v1.WaitReplicatedResponse
+	(*PeerStatus)(nil),                // 11: aether.edge.v1.PeerStatus
 }
 var file_aether_edge_v1_edge_proto_depIdxs = []int32{
-	0, // 0: aether.edge.v1.HeadsResponse.header:type_name -> aether.edge.v1.Header
-	0, // 1: aether.edge.v1.HashOfRevisionResponse.header:type_name -> aether.edge.v1.Header
-	0, // 2: aether.edge.v1.RevisionOfHashResponse.header:type_name -> aether.edge.v1.Header
-	0, // 3: aether.edge.v1.ReplicationStatusResponse.header:type_name -> aether.edge.v1.Header
-	9, // 4: aether.edge.v1.ReplicationStatusResponse.peers:type_name -> aether.edge.v1.PeerStatus
-	1, // 5: aether.edge.v1.Edge.Heads:input_type -> aether.edge.v1.HeadsRequest
-	3, // 6: aether.edge.v1.Edge.HashOfRevision:input_type -> aether.edge.v1.HashOfRevisionRequest
-	5, // 7: aether.edge.v1.Edge.RevisionOfHash:input_type -> aether.edge.v1.RevisionOfHashRequest
-	7, // 8: aether.edge.v1.Edge.ReplicationStatus:input_type -> aether.edge.v1.ReplicationStatusRequest
-	2, // 9: aether.edge.v1.Edge.Heads:output_type -> aether.edge.v1.HeadsResponse
-	4, // 10: aether.edge.v1.Edge.HashOfRevision:output_type -> aether.edge.v1.HashOfRevisionResponse
-	6, // 11: aether.edge.v1.Edge.RevisionOfHash:output_type -> aether.edge.v1.RevisionOfHashResponse
-	8, // 12: aether.edge.v1.Edge.ReplicationStatus:output_type -> aether.edge.v1.ReplicationStatusResponse
-	9, // [9:13] is the sub-list for method output_type
-	5, // [5:9] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	0,  // 0: aether.edge.v1.HeadsResponse.header:type_name -> aether.edge.v1.Header
+	0,  // 1: aether.edge.v1.HashOfRevisionResponse.header:type_name -> aether.edge.v1.Header
+	0,  // 2: aether.edge.v1.RevisionOfHashResponse.header:type_name -> aether.edge.v1.Header
+	0,  // 3: aether.edge.v1.ReplicationStatusResponse.header:type_name -> aether.edge.v1.Header
+	11, // 4: aether.edge.v1.ReplicationStatusResponse.peers:type_name -> aether.edge.v1.PeerStatus
+	0,  // 5: aether.edge.v1.WaitReplicatedResponse.header:type_name -> aether.edge.v1.Header
+	1,  // 6: aether.edge.v1.Edge.Heads:input_type -> aether.edge.v1.HeadsRequest
+	3,  // 7: aether.edge.v1.Edge.HashOfRevision:input_type -> aether.edge.v1.HashOfRevisionRequest
+	5,  // 8: aether.edge.v1.Edge.RevisionOfHash:input_type -> aether.edge.v1.RevisionOfHashRequest
+	7,  // 9: aether.edge.v1.Edge.ReplicationStatus:input_type -> aether.edge.v1.ReplicationStatusRequest
+	9,  // 10: aether.edge.v1.Edge.WaitReplicated:input_type -> aether.edge.v1.WaitReplicatedRequest
+	2,  // 11: aether.edge.v1.Edge.Heads:output_type -> aether.edge.v1.HeadsResponse
+	4,  // 12: aether.edge.v1.Edge.HashOfRevision:output_type -> aether.edge.v1.HashOfRevisionResponse
+	6,  // 13: aether.edge.v1.Edge.RevisionOfHash:output_type -> aether.edge.v1.RevisionOfHashResponse
+	8,  // 14: aether.edge.v1.Edge.ReplicationStatus:output_type -> aether.edge.v1.ReplicationStatusResponse
+	10, // 15: aether.edge.v1.Edge.WaitReplicated:output_type -> aether.edge.v1.WaitReplicatedResponse
+	11, // [11:16] is the sub-list for method output_type
+	6,  // [6:11] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_aether_edge_v1_edge_proto_init() }
@@ -652,7 +795,7 @@ func file_aether_edge_v1_edge_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aether_edge_v1_edge_proto_rawDesc), len(file_aether_edge_v1_edge_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

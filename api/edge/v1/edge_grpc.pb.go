@@ -34,6 +34,7 @@ const (
 	Edge_HashOfRevision_FullMethodName    = "/aether.edge.v1.Edge/HashOfRevision"
 	Edge_RevisionOfHash_FullMethodName    = "/aether.edge.v1.Edge/RevisionOfHash"
 	Edge_ReplicationStatus_FullMethodName = "/aether.edge.v1.Edge/ReplicationStatus"
+	Edge_WaitReplicated_FullMethodName    = "/aether.edge.v1.Edge/WaitReplicated"
 )
 
 // EdgeClient is the client API for Edge service.
@@ -54,9 +55,18 @@ type EdgeClient interface {
 	// no longer maps it (compacted).
 	RevisionOfHash(ctx context.Context, in *RevisionOfHashRequest, opts ...grpc.CallOption) (*RevisionOfHashResponse, error)
 	// ReplicationStatus tells, for each peer this replica syncs with, which
-	// of the given changes the peer is known to hold. Part 1 has no peers:
-	// the answer lists none.
+	// of the given changes the peer is known to hold: from the peer's acks
+	// (its durable version vector) and from the changes it sent us. A peer
+	// may hold more than this replica knows, never less.
 	ReplicationStatus(ctx context.Context, in *ReplicationStatusRequest, opts ...grpc.CallOption) (*ReplicationStatusResponse, error)
+	// WaitReplicated returns once the given changes are on at least
+	// `replicas` replicas, this one included, as far as this replica knows
+	// (ReplicationStatus' knowledge): a write acknowledged by this replica
+	// and then waited for with replicas = k survives the loss of any k-1 of
+	// them. The caller's deadline bounds the wait (DeadlineExceeded); a
+	// change this replica does not hold is NotFound, more replicas than the
+	// cluster has InvalidArgument.
+	WaitReplicated(ctx context.Context, in *WaitReplicatedRequest, opts ...grpc.CallOption) (*WaitReplicatedResponse, error)
 }
 
 type edgeClient struct {
@@ -107,6 +117,16 @@ func (c *edgeClient) ReplicationStatus(ctx context.Context, in *ReplicationStatu
 	return out, nil
 }
 
+func (c *edgeClient) WaitReplicated(ctx context.Context, in *WaitReplicatedRequest, opts ...grpc.CallOption) (*WaitReplicatedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WaitReplicatedResponse)
+	err := c.cc.Invoke(ctx, Edge_WaitReplicated_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // EdgeServer is the server API for Edge service.
 // All implementations must embed UnimplementedEdgeServer
 // for forward compatibility.
@@ -125,9 +145,18 @@ type EdgeServer interface {
 	// no longer maps it (compacted).
 	RevisionOfHash(context.Context, *RevisionOfHashRequest) (*RevisionOfHashResponse, error)
 	// ReplicationStatus tells, for each peer this replica syncs with, which
-	// of the given changes the peer is known to hold. Part 1 has no peers:
-	// the answer lists none.
+	// of the given changes the peer is known to hold: from the peer's acks
+	// (its durable version vector) and from the changes it sent us. A peer
+	// may hold more than this replica knows, never less.
 	ReplicationStatus(context.Context, *ReplicationStatusRequest) (*ReplicationStatusResponse, error)
+	// WaitReplicated returns once the given changes are on at least
+	// `replicas` replicas, this one included, as far as this replica knows
+	// (ReplicationStatus' knowledge): a write acknowledged by this replica
+	// and then waited for with replicas = k survives the loss of any k-1 of
+	// them. The caller's deadline bounds the wait (DeadlineExceeded); a
+	// change this replica does not hold is NotFound, more replicas than the
+	// cluster has InvalidArgument.
+	WaitReplicated(context.Context, *WaitReplicatedRequest) (*WaitReplicatedResponse, error)
 	mustEmbedUnimplementedEdgeServer()
 }
 
@@ -149,6 +178,9 @@ func (UnimplementedEdgeServer) RevisionOfHash(context.Context, *RevisionOfHashRe
 }
 func (UnimplementedEdgeServer) ReplicationStatus(context.Context, *ReplicationStatusRequest) (*ReplicationStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReplicationStatus not implemented")
+}
+func (UnimplementedEdgeServer) WaitReplicated(context.Context, *WaitReplicatedRequest) (*WaitReplicatedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WaitReplicated not implemented")
 }
 func (UnimplementedEdgeServer) mustEmbedUnimplementedEdgeServer() {}
 func (UnimplementedEdgeServer) testEmbeddedByValue()              {}
@@ -243,6 +275,24 @@ func _Edge_ReplicationStatus_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Edge_WaitReplicated_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitReplicatedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(EdgeServer).WaitReplicated(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Edge_WaitReplicated_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(EdgeServer).WaitReplicated(ctx, req.(*WaitReplicatedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Edge_ServiceDesc is the grpc.ServiceDesc for Edge service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -265,6 +315,10 @@ var Edge_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReplicationStatus",
 			Handler:    _Edge_ReplicationStatus_Handler,
+		},
+		{
+			MethodName: "WaitReplicated",
+			Handler:    _Edge_WaitReplicated_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

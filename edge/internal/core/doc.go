@@ -80,8 +80,9 @@
 // compaction removes a key whose only version is a tombstone, and with it
 // the tombstone's stamp, so a put concurrent with that delete, arriving
 // after the compaction, would come back (tombstones need causal stability
-// before they go); compaction also forgets old change hashes, so a change
-// whose parents were compacted here is refused (ErrMissingParents); a
+// before they go); compaction drops old changes' revision and index
+// maps, but their hashes stay known as applied (parents and duplicates for
+// Merge) until GC of causally stable changes; a
 // revoke merged in deletes the keys its granter saw attached, not keys
 // attached here concurrently.
 //

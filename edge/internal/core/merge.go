@@ -25,7 +25,11 @@ func (s *State) Merge(now time.Time, encoded []byte) (*Applied, error) {
 	if err != nil {
 		return nil, fmt.Errorf("core: merge: %w", err)
 	}
-	if _, ok := s.known[hashOf(encoded)]; ok {
+	id := hashOf(encoded)
+	if _, ok := s.known[id]; ok {
+		return nil, nil
+	}
+	if _, ok := s.forgotten[id]; ok {
 		return nil, nil
 	}
 	if c.Replica == s.id {
@@ -51,7 +55,10 @@ func (s *State) Merge(now time.Time, encoded []byte) (*Applied, error) {
 
 func (s *State) checkParents(c *Change) error {
 	for _, p := range c.Parents {
-		if _, ok := s.known[p]; !ok {
+		if _, ok := s.known[p]; ok {
+			continue
+		}
+		if _, ok := s.forgotten[p]; !ok {
 			return fmt.Errorf("%w: %s", ErrMissingParents, p)
 		}
 	}

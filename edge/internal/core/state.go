@@ -62,6 +62,10 @@ type State struct {
 	revHash []Hash
 	revBase int64
 	known   map[Hash]changeAt
+	// forgotten are the changes compaction dropped from known: still
+	// applied here, so Merge accepts them as parents and skips them as
+	// duplicates (GC of causally stable changes will bound it).
+	forgotten map[Hash]struct{}
 
 	log     []revLog // log[r-logBase]: the events of revision r, for r >= logBase
 	logBase int64
@@ -107,6 +111,7 @@ func New(id ReplicaID) *State {
 		revBase:     2,
 		keys:        make(map[string]*keyRec),
 		known:       make(map[Hash]changeAt),
+		forgotten:   make(map[Hash]struct{}),
 		leases:      make(map[int64]*leaseRec),
 	}
 }
@@ -406,6 +411,7 @@ func (s *State) forgetBefore(rev int64) {
 	keepIdx := s.known[h].index
 	for _, old := range s.idxHash[:keepIdx-s.idxBase] {
 		delete(s.known, old)
+		s.forgotten[old] = struct{}{}
 	}
 	s.idxHash = append([]Hash(nil), s.idxHash[keepIdx-s.idxBase:]...)
 	s.idxBase = keepIdx

@@ -1,0 +1,269 @@
+package edge
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/proto"
+
+	edgesyncv1 "github.com/aethermesh/aether/api/edgesync/v1"
+	"github.com/aethermesh/aether/edge/internal/core"
+)
+
+// peer is the sending side towards one peer: a Push stream, reopened with
+// backoff whenever it ends.
+type peer struct {
+	y      *syncer
+	m      member
+	conn   *grpc.ClientConn
+	client edgesyncv1.EdgeSyncClient
+
+	mu        sync.Mutex
+	connected bool
+	acked     vector    // the peer's durable vector, as last acked
+	heard     vector    // changes the peer sent us: it holds them
+	lastSync  time.Time // last ack (a completed exchange)
+	probeSeq  uint64
+	probes    map[uint64]vector // what was sent before each probe in flight
+}
+
+func newPeer(y *syncer, m member) (*peer, error) {
+	if len(m.peerURLs) == 0 {
+		return nil, fmt.Errorf("edge: peer %s has no peer URL", m.name)
+	}
+	// The first URL: members list them sorted, so every replica picks the
+	// same one. (Several URLs per member are for etcd's raft transport;
+	// failing over between them is left for when it is needed.)
+	u, err := url.Parse(m.peerURLs[0])
+	if err != nil {
+		return nil, fmt.Errorf("edge: peer %s URL %q: %w", m.name, m.peerURLs[0], err)
+	}
+	creds := insecure.NewCredentials()
+	if u.Scheme == "https" {
+		if y.s.cfg.PeerTLS == nil {
+			return nil, fmt.Errorf("edge: peer %s is at %s but no peer TLS is configured", m.name, u)
+		}
+		creds = credentials.NewTLS(peerClientTLS(y.s.cfg.PeerTLS))
+	}
+	conn, err := grpc.NewClient(u.Host,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(math.MaxInt32), grpc.MaxCallSendMsgSize(math.MaxInt32)),
+		// A peer cut off without a FIN (a partition) must end the stream,
+		// so the next one starts from the peer's vector again.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
+		// grpc's default reconnect backoff starts at a second; a peer
+		// that comes back (a restart, a healed link) should be caught up
+		// as soon as it listens, so it follows ours.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: minBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("edge: peer %s: %w", m.name, err)
+	}
+	return &peer{y: y, m: m, conn: conn, client: edgesyncv1.NewEdgeSyncClient(conn), probes: map[uint64]vector{}, heard: vector{}}, nil
+}
+
+// peerClientTLS turns the peer TLS config, which etcd's flags build as a
+// server config, into the client side of mTLS: the same certificate, and
+// the trusted CA (the server side's client CAs) as roots.
+func peerClientTLS(c *tls.Config) *tls.Config {
+	cc := c.Clone()
+	if cc.RootCAs == nil {
+		cc.RootCAs = cc.ClientCAs
+	}
+	if cc.GetClientCertificate == nil && len(cc.Certificates) == 0 && cc.GetCertificate != nil {
+		get := c.GetCertificate
+		cc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return get(&tls.ClientHelloInfo{})
+		}
+	}
+	cc.NextProtos = []string{"h2"}
+	return cc
+}
+
+// run keeps a stream to the peer until ctx ends.
+func (p *peer) run(ctx context.Context) {
+	backoff := minBackoff
+	t := time.NewTimer(0)
+	<-t.C
+	defer t.Stop()
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := p.session(ctx)
+		p.mu.Lock()
+		p.connected = false
+		clear(p.probes)
+		p.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+		p.y.s.log.Debug("sync stream ended", "peer", p.m.name, "err", err)
+		if time.Since(start) > maxBackoff {
+			backoff = minBackoff // it lived: the peer was reachable
+		}
+		t.Reset(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// session is one Push stream: hello, the peer's vector, then the walk of
+// the log (sync.go).
+func (p *peer) session(ctx context.Context) error {
+	s := p.y.s
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Waiting for the connection leaves reconnecting to grpc's backoff
+	// (ours, set in newPeer) instead of stacking run's on top of it.
+	stream, err := p.client.Push(ctx, grpc.WaitForReady(true))
+	if err != nil {
+		return fmt.Errorf("open push stream: %w", err)
+	}
+	hello := &edgesyncv1.PushRequest{Hello: &edgesyncv1.Hello{
+		MemberId: s.memberID, ClusterId: s.clusterID, Name: s.cfg.Name, Version: syncVersion,
+	}}
+	if err := stream.Send(hello); err != nil {
+		return fmt.Errorf("send hello: %w", err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return fmt.Errorf("receive vector: %w", err)
+	}
+	if first.GetMemberId() != p.m.id {
+		return fmt.Errorf("peer %s answered as member %x, want %x", p.m.name, first.GetMemberId(), p.m.id)
+	}
+	p.noteAck(first)
+	p.mu.Lock()
+	p.connected = true
+	p.mu.Unlock()
+	p.y.metrics.rounds.WithLabelValues(p.m.name).Inc()
+	cur := p.y.log.newCursor(vectorOf(first.GetVector()))
+
+	errc := make(chan error, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		errc <- p.readAcks(stream)
+	}()
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+
+	tick := time.NewTicker(p.y.interval)
+	defer tick.Stop()
+	for {
+		// What the peer holds besides what this stream sent: changes it
+		// sent us, and its acked vector, which includes what other peers
+		// gave it (so two senders catching it up share the work).
+		held := p.state().acked
+		batch, wake := p.y.log.take(cur, held, syncBatchChanges, syncBatchBytes)
+		if len(batch) > 0 {
+			req := &edgesyncv1.PushRequest{Changes: batch}
+			if err := stream.Send(req); err != nil {
+				return fmt.Errorf("send changes: %w", err)
+			}
+			p.y.metrics.changesSent.WithLabelValues(p.m.name).Add(float64(len(batch)))
+			p.y.metrics.bytesSent.WithLabelValues(p.m.name).Add(float64(proto.Size(req)))
+			continue
+		}
+		select {
+		case <-wake:
+		case <-tick.C:
+			p.mu.Lock()
+			p.probeSeq++
+			id := p.probeSeq
+			p.probes[id] = cur.sent.clone()
+			p.mu.Unlock()
+			if err := stream.Send(&edgesyncv1.PushRequest{Probe: id}); err != nil {
+				return fmt.Errorf("send probe: %w", err)
+			}
+		case err := <-errc:
+			return err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// readAcks records the peer's acks; a probe answered with a vector short
+// of what was sent before it ends the stream (the next starts from the
+// peer's vector).
+func (p *peer) readAcks(stream edgesyncv1.EdgeSync_PushClient) error {
+	for {
+		ack, err := stream.Recv()
+		if err != nil {
+			return fmt.Errorf("receive ack: %w", err)
+		}
+		p.noteAck(ack)
+		if ack.GetProbe() == 0 {
+			continue
+		}
+		p.y.metrics.rounds.WithLabelValues(p.m.name).Inc()
+		p.mu.Lock()
+		sent := p.probes[ack.GetProbe()]
+		delete(p.probes, ack.GetProbe())
+		p.mu.Unlock()
+		got := vectorOf(ack.GetVector())
+		if n := sent.lacks(got); n > 0 {
+			return fmt.Errorf("peer %s lacks %d changes sent before probe %d", p.m.name, n, ack.GetProbe())
+		}
+	}
+}
+
+// noteHeard records that the peer holds change seq of replica r (it sent
+// it to us).
+func (p *peer) noteHeard(r core.ReplicaID, seq uint64) {
+	p.mu.Lock()
+	p.heard[r] = max(p.heard[r], seq)
+	p.mu.Unlock()
+}
+
+func (p *peer) noteAck(ack *edgesyncv1.Ack) {
+	v := vectorOf(ack.GetVector())
+	p.mu.Lock()
+	p.acked = v
+	p.lastSync = p.y.s.now()
+	p.mu.Unlock()
+	p.y.kick()
+}
+
+// peerState is a snapshot of what the sender knows of its peer.
+type peerState struct {
+	connected bool
+	acked     vector // acked or heard: what the peer is known to hold
+	lastSync  time.Time
+}
+
+func (p *peer) state() peerState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	held := p.acked.clone()
+	for r, n := range p.heard {
+		held[r] = max(held[r], n)
+	}
+	return peerState{connected: p.connected, acked: held, lastSync: p.lastSync}
+}
+
+// holds reports whether the peer is known to hold the change at (r, seq).
+func (st peerState) holds(r core.ReplicaID, seq uint64) bool { return st.acked[r] >= seq }
+
+var errNoPeerTLS = errors.New("edge: a listen peer URL is https but no peer TLS is configured")

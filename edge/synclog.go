@@ -1,0 +1,310 @@
+package edge
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	edgesyncv1 "github.com/aethermesh/aether/api/edgesync/v1"
+	"github.com/aethermesh/aether/edge/internal/core"
+)
+
+// vector is a version vector: for each replica, how many of its changes
+// (counted from its first) are held. See sync.go for why a prefix count
+// describes a replica's whole history.
+type vector map[core.ReplicaID]uint64
+
+func (v vector) clone() vector {
+	out := make(vector, len(v))
+	for r, n := range v {
+		out[r] = n
+	}
+	return out
+}
+
+// lacks is how many changes v holds that o does not (replication lag in
+// changes when v is this replica's and o a peer's).
+func (v vector) lacks(o vector) uint64 {
+	var n uint64
+	for r, c := range v {
+		if c > o[r] {
+			n += c - o[r]
+		}
+	}
+	return n
+}
+
+func (v vector) proto() []*edgesyncv1.VectorEntry {
+	out := make([]*edgesyncv1.VectorEntry, 0, len(v))
+	for r, n := range v {
+		out = append(out, &edgesyncv1.VectorEntry{Replica: uint64(r), Count: n})
+	}
+	slices.SortFunc(out, func(a, b *edgesyncv1.VectorEntry) int {
+		switch {
+		case a.Replica < b.Replica:
+			return -1
+		case a.Replica > b.Replica:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func vectorOf(es []*edgesyncv1.VectorEntry) vector {
+	v := make(vector, len(es))
+	for _, e := range es {
+		v[core.ReplicaID(e.GetReplica())] = e.GetCount()
+	}
+	return v
+}
+
+// logEntry is one applied change as the sync layer keeps it.
+type logEntry struct {
+	id      core.Hash
+	enc     []byte
+	replica core.ReplicaID
+	seq     uint64 // 1-based position in its replica's chain
+	// durableAt is when the change became durable here (unix ns, the
+	// server's clock): the age of what a peer lacks is replication lag in
+	// seconds.
+	durableAt int64
+}
+
+// syncLog is every change this replica applied, in apply-index order, with
+// each change's place in its author's chain. It is what the pushers send
+// from: there is no per-peer queue (a peer's position in the log is its
+// queue), so a slow or absent peer costs the write path nothing.
+//
+// Entries are added under the server's state lock, in index order (the
+// committer's add hook, and recovery); they become sendable once durable
+// (the committer's persist hook), so a change never leaves the replica
+// before a crash could no longer take it back.
+//
+// The log keeps every change in memory; GC of causally stable changes
+// (issue 16, part 4) will cut its prefix.
+type syncLog struct {
+	mu      sync.Mutex
+	base    uint64 // index of entries[0]
+	entries []logEntry
+	byHash  map[core.Hash]uint64        // id -> index
+	applied vector                      // every entry
+	durable uint64                      // highest durable index
+	dvec    vector                      // entries up to durable
+	chains  map[core.ReplicaID][]uint64 // each replica's changes' indexes, in chain order
+	now     func() time.Time
+	bytes   int64
+	// changed is closed (and replaced) whenever durable advances.
+	changed chan struct{}
+}
+
+func newSyncLog(now func() time.Time) *syncLog {
+	return &syncLog{
+		now:     now,
+		chains:  make(map[core.ReplicaID][]uint64),
+		byHash:  make(map[core.Hash]uint64),
+		applied: make(vector),
+		dvec:    make(vector),
+		changed: make(chan struct{}),
+	}
+}
+
+// add records an applied change (index order). Recovered changes pass
+// durable = true.
+func (l *syncLog) add(index uint64, id core.Hash, enc []byte, replica core.ReplicaID, durable bool) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.entries) == 0 && l.base == 0 {
+		l.base = index
+	}
+	if want := l.base + uint64(len(l.entries)); index != want {
+		return fmt.Errorf("edge: sync log: change index %d, want %d", index, want)
+	}
+	l.applied[replica]++
+	l.entries = append(l.entries, logEntry{id: id, enc: enc, replica: replica, seq: l.applied[replica]})
+	l.byHash[id] = index
+	l.chains[replica] = append(l.chains[replica], index)
+	l.bytes += int64(len(enc))
+	if durable {
+		l.advance(index)
+	}
+	return nil
+}
+
+// addApplied is add for a change the core just applied.
+func (l *syncLog) addApplied(ap *core.Applied) error {
+	return l.add(ap.Index, ap.ID, ap.Encoded, ap.Change.Replica, false)
+}
+
+// addRecovered is add for a change replayed from storage (durable).
+func (l *syncLog) addRecovered(index uint64, id core.Hash, enc []byte) error {
+	c, err := core.DecodeChange(enc)
+	if err != nil {
+		return fmt.Errorf("edge: sync log: %w", err)
+	}
+	return l.add(index, id, enc, c.Replica, true)
+}
+
+// markDurable makes every change up to index sendable and wakes the
+// pushers. It never blocks on them.
+func (l *syncLog) markDurable(index uint64) {
+	l.mu.Lock()
+	l.advance(index)
+	l.mu.Unlock()
+}
+
+func (l *syncLog) advance(index uint64) {
+	if last := l.base + uint64(len(l.entries)) - 1; index > last {
+		index = last
+	}
+	if index <= l.durable {
+		return
+	}
+	start := l.durable + 1
+	if start < l.base {
+		start = l.base
+	}
+	at := l.now().UnixNano()
+	for i := start; i <= index; i++ {
+		e := &l.entries[i-l.base]
+		l.dvec[e.replica]++
+		e.durableAt = at
+	}
+	l.durable = index
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// has reports whether the change id was applied here.
+func (l *syncLog) has(id core.Hash) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.byHash[id]
+	return ok
+}
+
+// position is the (replica, seq) of a change applied here.
+func (l *syncLog) position(id core.Hash) (core.ReplicaID, uint64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i, ok := l.byHash[id]
+	if !ok {
+		return 0, 0, false
+	}
+	e := l.entries[i-l.base]
+	return e.replica, e.seq, true
+}
+
+// nextSeq is the place the next change of replica r applied here will
+// get in r's chain. The caller holds the state lock (so no add races it).
+func (l *syncLog) nextSeq(r core.ReplicaID) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.applied[r] + 1
+}
+
+// durableVector is the version vector of the durable changes.
+func (l *syncLog) durableVector() vector {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.dvec.clone()
+}
+
+// oldestLacking is when the oldest durable change that a peer holding v
+// lacks became durable here; false when it lacks none.
+func (l *syncLog) oldestLacking(v vector) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var oldest int64
+	found := false
+	for r, n := range l.dvec {
+		if n <= v[r] {
+			continue
+		}
+		// The peer holds a prefix of r's chain: its first missing change
+		// is the oldest of r's it lacks.
+		at := l.entries[l.chains[r][v[r]]-l.base].durableAt
+		if !found || at < oldest {
+			oldest, found = at, true
+		}
+	}
+	return time.Unix(0, oldest), found
+}
+
+// stats is the DAG size: changes held and their encoded bytes.
+func (l *syncLog) stats() (changes int, bytes int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.entries), l.bytes
+}
+
+// maxScan bounds the entries one take looks at under the lock.
+const maxScan = 1 << 14
+
+// closedChan is a channel that is always ready.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// cursor is a pusher's position: the last index considered and what the
+// peer is known or assumed (sent on a live stream) to hold.
+type cursor struct {
+	next uint64 // first index not yet considered
+	sent vector
+}
+
+// newCursor starts a pusher at the first change peer (whose vector is pv)
+// lacks. Everything before it the peer holds, so the walk that follows
+// sends exactly the vector difference, in index order.
+func (l *syncLog) newCursor(pv vector) *cursor {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := &cursor{next: l.base + uint64(len(l.entries)), sent: pv.clone()}
+	if l.base == 0 {
+		c.next = 1
+	}
+	for i, e := range l.entries {
+		if e.seq > pv[e.replica] {
+			c.next = l.base + uint64(i)
+			break
+		}
+	}
+	return c
+}
+
+// take returns the next batch for c (at most maxN changes, maxBytes bytes
+// unless a single change is larger), advancing c, and the channel that is
+// closed when more becomes durable: taken together, under the lock, so no
+// wake-up is lost between an empty batch and the wait. held is what the
+// peer is known to hold besides what c sent (the changes it sent us, its
+// acks): not sent.
+func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte, <-chan struct{}) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out [][]byte
+	size := 0
+	if c.next < l.base {
+		c.next = l.base // cannot happen until GC cuts the log
+	}
+	for scanned := 0; c.next <= l.durable && len(out) < maxN; scanned++ {
+		if scanned == maxScan {
+			// A long run the peer holds: let writers have the lock, and
+			// tell the caller to come back at once.
+			return out, closedChan
+		}
+		e := &l.entries[c.next-l.base]
+		if e.seq <= c.sent[e.replica] || e.seq <= held[e.replica] {
+			// The peer holds it (often: it came from that peer).
+			c.sent[e.replica] = max(c.sent[e.replica], e.seq)
+			c.next++
+			continue
+		}
+		if len(out) > 0 && size+len(e.enc) > maxBytes {
+			break
+		}
+		out = append(out, e.enc)
+		size += len(e.enc)
+		c.sent[e.replica] = e.seq
+		c.next++
+	}
+	return out, l.changed
+}
