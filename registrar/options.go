@@ -107,6 +107,9 @@ func DefaultOptions() Options {
 		MaxMetadataBytes:    registry.DefaultLimits.MaxMetadataBytes,
 		MaxEndpointsPerNode: 1000,
 		MaxWatchServices:    1000,
+
+		PeerMemberTTL:         defaultPeerMemberTTL,
+		PeerDiscoveryInterval: defaultPeerDiscovery,
 	}
 }
 
@@ -137,8 +140,8 @@ func (o Options) withDefaults() Options {
 	defaults.Set(&o.MaxMetadataBytes, d.MaxMetadataBytes)
 	defaults.Set(&o.MaxEndpointsPerNode, d.MaxEndpointsPerNode)
 	defaults.Set(&o.MaxWatchServices, d.MaxWatchServices)
-	defaults.Set(&o.PeerMemberTTL, defaultPeerMemberTTL)
-	defaults.Set(&o.PeerDiscoveryInterval, defaultPeerDiscovery)
+	defaults.Set(&o.PeerMemberTTL, d.PeerMemberTTL)
+	defaults.Set(&o.PeerDiscoveryInterval, d.PeerDiscoveryInterval)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}

@@ -109,6 +109,16 @@ type Config struct {
 	// CLI's --max-streams-per-identity 0).
 	MaxRecvMsgSize        int
 	MaxStreamsPerIdentity int
+
+	// Peer-watch (Options.PeerWatch): PeerAdvertiseAddr is the gRPC
+	// address this replica's member record gives its peers (default: the
+	// bound GRPCAddr, with this host's name when it is bound to every
+	// interface). With TLS on, peers are dialed with this registrar's own
+	// certificate (TLSCertFile) as the client identity, their server
+	// certificates verified against PeerWatchCACert (default
+	// TLSClientCAFile).
+	PeerAdvertiseAddr string
+	PeerWatchCACert   string
 }
 
 // TLSEnabled reports whether the registrar serves TLS.
