@@ -152,7 +152,7 @@ var registrarZeroFlags = []string{
 	"watch-history", "watch-buffer", "watch-progress-interval",
 	"node-ttl", "replication-lease-ttl", "tls-reload-interval",
 	"max-recv-msg-size", "max-metadata-entries", "max-metadata-bytes",
-	"max-watch-services", "max-endpoints-per-node",
+	"max-watch-services", "max-endpoints-per-node", "peer-member-ttl", "peer-discovery-interval",
 }
 
 // validateRegistrarOptions checks the options before anything starts, so a
