@@ -58,8 +58,30 @@ func removed(r *watchcheck.Recorder, ip string) bool {
 func connected(t *testing.T, s *server.Server, n int) {
 	t.Helper()
 	waitFor(t, "peer-watch streams connected", 15*time.Second, func() bool {
-		return metricValue(t, s.HTTPAddr(), "registrar_peer_streams_connected") == float64(n)
+		return peerMetric(t, s, "registrar_peer_streams_connected") == float64(n)
 	})
+}
+
+// peerMetric reads one of s's unlabelled peer-watch metrics from its
+// registry (the HTTP port may be TLS).
+func peerMetric(t *testing.T, s *server.Server, name string) float64 {
+	t.Helper()
+	mfs, err := s.Registrar().MetricsRegistry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name || len(mf.GetMetric()) != 1 {
+			continue
+		}
+		m := mf.GetMetric()[0]
+		if g := m.GetGauge(); g != nil {
+			return g.GetValue()
+		}
+		return m.GetCounter().GetValue()
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
 
 // deliveredWithin registers ip on a and returns how long b's recorder took
@@ -96,14 +118,14 @@ func TestPeerWatchDeliversBeforeTheFlushAndTheEchoChangesNothing(t *testing.T) {
 	// The backend's report of the same writes (after A's flush) changes
 	// nothing: recognised as echoes, no second event.
 	waitFor(t, "A's writes persisted and echoed to B", 15*time.Second, func() bool {
-		return a.Registrar().PendingWrites() == 0 && metricValue(t, b.HTTPAddr(), "registrar_peer_echoes_total") >= 3
+		return a.Registrar().PendingWrites() == 0 && peerMetric(t, b, "registrar_peer_echoes_total") >= 3
 	})
 	for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
 		if n := added(ref, ip); n != 1 {
 			t.Fatalf("B's reference saw %s ADDED %d times, want once", ip, n)
 		}
 	}
-	if got := metricValue(t, b.HTTPAddr(), "registrar_peer_events_applied_total"); got < 3 {
+	if got := peerMetric(t, b, "registrar_peer_events_applied_total"); got < 3 {
 		t.Fatalf("B applied %v peer events, want at least 3", got)
 	}
 
