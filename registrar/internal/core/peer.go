@@ -57,14 +57,16 @@ type peerWrite struct {
 
 // knownStamp is the newest stamp this replica knows for id: its
 // snapshot's value, a provisional peer write, or a value the backend
-// deleted since the last listing.
+// deleted lately (peerFloor, peerFloorOld).
 func (s *State) knownStamp(id registry.EndpointID) *registryv1.WriteStamp {
 	st := s.Get(id).GetStamp()
 	if p, ok := s.peer[id]; ok && registry.CompareStamps(p.stamp, st) > 0 {
 		st = p.stamp
 	}
-	if f := s.peerFloor[id]; registry.CompareStamps(f, st) > 0 {
-		st = f
+	for _, floors := range []map[registry.EndpointID]*registryv1.WriteStamp{s.peerFloor, s.peerFloorOld} {
+		if f := floors[id]; registry.CompareStamps(f, st) > 0 {
+			st = f
+		}
 	}
 	return st
 }
@@ -179,18 +181,19 @@ func (s *State) peerGuarded(id registry.EndpointID, a *ListingApply) bool {
 	return false
 }
 
-// finishPeer ends, after a listing, the provisional writes it judged (in
-// its scope and old enough), and the deletion floors the listing now
-// stands in for.
+// finishPeer ends, after a listing, the provisional writes it judged (old
+// enough), and ages the deletion floors: each is kept across at least one
+// whole backstop interval, then dropped. Every backstop judges every key,
+// even one that reconciles only some services (the digest's dirty ones):
+// the others were compared key by key and agree with the backend, so a
+// provisional deletion there is settled too.
 func (s *State) finishPeer(a *ListingApply) {
 	for id, p := range s.peer {
-		if (a.Scope == nil || a.Scope[id.Service]) && !a.Started.IsZero() && p.at.Before(a.Started.Add(-s.peerGrace)) {
+		if !a.Started.IsZero() && p.at.Before(a.Started.Add(-s.peerGrace)) {
 			delete(s.peer, id)
 		}
 	}
-	if a.Scope == nil {
-		clear(s.peerFloor)
-	}
+	s.peerFloorOld, s.peerFloor = s.peerFloor, make(map[registry.EndpointID]*registryv1.WriteStamp, len(s.peerFloor))
 }
 
 // Provisional counts the peer writes not yet confirmed by the backend.

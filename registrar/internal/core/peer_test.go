@@ -148,3 +148,55 @@ func cloneOrNil(ep *registryv1.ServiceEndpoint) *registryv1.ServiceEndpoint {
 	}
 	return proto.Clone(ep).(*registryv1.ServiceEndpoint)
 }
+
+// A provisional deletion the backend never reports (the key was never
+// persisted) is ended by the first backstop after the grace, even one that
+// reconciles only other services; a deletion floor lasts one backstop
+// interval at least.
+func TestPeerBookkeepingEnds(t *testing.T) {
+	a, b := peerPair()
+	ep := mkEP(t, "web", "10.0.0.1")
+	id := registry.IDOf(ep)
+	_, put, _ := a.Register(ep, t0)
+	_, del, _ := a.Unregister(id, t0)
+	b.ApplyPeer(put.Peer, t0)
+	b.ApplyPeer(del.Peer, t0)
+	if b.Provisional() != 1 || b.Get(id) != nil {
+		t.Fatalf("provisional %d, held %v", b.Provisional(), b.Get(id))
+	}
+	list := func(started time.Time, rev int64) {
+		la := NewListingApply(backend.Listing{Revision: rev})
+		la.Scope = Scope{"db": true}
+		la.Started = started
+		b.BeginListing(la)
+		b.StepListing(la, 1<<30)
+	}
+	list(t0.Add(500*time.Millisecond), 3)
+	if b.Provisional() != 1 {
+		t.Fatal("a listing within the grace ended the provisional deletion")
+	}
+	list(t0.Add(2*time.Second), 4)
+	if b.Provisional() != 0 {
+		t.Fatal("the provisional deletion outlived the grace and a backstop")
+	}
+
+	// The floor of a deleted value outlives one listing, not two.
+	_, c := peerPair()
+	v := proto.Clone(put.Peer[0].Endpoint).(*registryv1.ServiceEndpoint)
+	c.ApplyWatch(watched(id, v, 6))
+	c.ApplyWatch(watched(id, nil, 7))
+	c2 := func(rev int64) {
+		la := NewListingApply(backend.Listing{Revision: rev})
+		la.Started = t0
+		c.BeginListing(la)
+		c.StepListing(la, 1<<30)
+	}
+	c2(8)
+	if got := c.ApplyPeer(put.Peer, t0); got.PeerApplied != 0 {
+		t.Fatal("the deletion floor was gone after one listing")
+	}
+	c2(9)
+	if got := c.ApplyPeer(put.Peer, t0); got.PeerApplied != 1 {
+		t.Fatal("the deletion floor outlived two listings")
+	}
+}

@@ -116,12 +116,14 @@ type State struct {
 
 	// peer are provisional writes from peer-watch, not yet confirmed by
 	// the backend (peer.go); peerFloor, per key, the stamp of a value a
-	// backend deletion removed since the last full listing: a peer write
-	// no newer than it is stale. peerGrace is how long a peer write is
+	// backend deletion removed since the last backstop listing: a peer
+	// write no newer than it is stale. peerGrace is how long a peer write is
 	// given to reach the backend before a listing may judge it.
 	peer      map[registry.EndpointID]peerWrite
 	peerFloor map[registry.EndpointID]*registryv1.WriteStamp
-	peerGrace time.Duration
+	// peerFloorOld are the floors of the previous backstop interval.
+	peerFloorOld map[registry.EndpointID]*registryv1.WriteStamp
+	peerGrace    time.Duration
 }
 
 // baseRev is what the backend was last seen to hold for a key: the key's
@@ -216,6 +218,7 @@ func New(c Config) *State {
 		base:          map[registry.EndpointID]baseRev{},
 		peer:          map[registry.EndpointID]peerWrite{},
 		peerFloor:     map[registry.EndpointID]*registryv1.WriteStamp{},
+		peerFloorOld:  map[registry.EndpointID]*registryv1.WriteStamp{},
 		peerGrace:     c.PeerGrace,
 	}
 }
