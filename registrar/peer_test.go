@@ -5,7 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
@@ -38,7 +45,7 @@ func peerWatchOn(o *server.Config) {
 // added reports when a recorder first saw ip ADDED (ok false: not yet).
 func added(r *watchcheck.Recorder, ip string) (n int) {
 	for _, m := range r.Messages() {
-		if m.Type == registrarv1.EndpointEvent_ENDPOINT_ADDED && m.GetEndpoint().GetIp() == ip {
+		if m.Type == registrarv1.EndpointEvent_ENDPOINT_ADDED && m.GetEndpoint().GetService() == "web" && m.GetEndpoint().GetIp() == ip {
 			n++
 		}
 	}
@@ -47,7 +54,7 @@ func added(r *watchcheck.Recorder, ip string) (n int) {
 
 func removed(r *watchcheck.Recorder, ip string) bool {
 	for _, m := range r.Messages() {
-		if m.Type == registrarv1.EndpointEvent_ENDPOINT_REMOVED && m.GetEndpoint().GetIp() == ip {
+		if m.Type == registrarv1.EndpointEvent_ENDPOINT_REMOVED && m.GetEndpoint().GetService() == "web" && m.GetEndpoint().GetIp() == ip {
 			return true
 		}
 	}
@@ -85,13 +92,22 @@ func peerMetric(t *testing.T, s *server.Server, name string) float64 {
 }
 
 // deliveredWithin registers ip on a and returns how long b's recorder took
-// to see it, failing past bound.
-func deliveredWithin(t *testing.T, ca registrarv1.RegistrarClient, rb *watchcheck.Recorder, ip string, bound time.Duration) time.Duration {
+// to see it, failing past bound. A's flusher flushes on the leading edge
+// (the first write after a quiet interval goes out at once), so a priming
+// write goes first: the write under test then waits for A's next flush, a
+// batch interval later, and the backend (cli) is checked not to hold it
+// yet when B has it: peer-watch delivered it, not the backend's watch.
+func deliveredWithin(t *testing.T, ca registrarv1.RegistrarClient, rb *watchcheck.Recorder, ip string, bound time.Duration, cli *clientv3.Client) time.Duration {
 	t.Helper()
+	register(t, ca, ep("prime", ip, 80))
 	start := time.Now()
-	register(t, ca, ep("web", ip, 80))
+	e := ep("web", ip, 80)
+	register(t, ca, e)
 	waitFor(t, "B's watcher sees "+ip+" written on A", 10*time.Second, func() bool { return added(rb, ip) > 0 })
 	took := time.Since(start)
+	if k, v := etcdKey(t, cli, e); v != nil {
+		t.Fatalf("%s was in etcd (%s) when B saw it: the backend, not peer-watch, may have delivered it", ip, k)
+	}
 	if took > bound {
 		t.Fatalf("B saw A's write of %s after %v, want within %v (batch interval %v)", ip, took, bound, peerBatch)
 	}
@@ -111,7 +127,7 @@ func TestPeerWatchDeliversBeforeTheFlushAndTheEchoChangesNothing(t *testing.T) {
 
 	var worst time.Duration
 	for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
-		worst = max(worst, deliveredWithin(t, ca, ref, ip, peerBound))
+		worst = max(worst, deliveredWithin(t, ca, ref, ip, peerBound, etcd.Client(t)))
 	}
 	t.Logf("A's writes reached B's watcher within %v (bound %v, batch interval %v)", worst, peerBound, peerBatch)
 
@@ -181,7 +197,7 @@ func TestPeerWatchStreamCutConvergesThroughTheBackend(t *testing.T) {
 	ca, cb := dial(t, a.GRPCAddr()), dial(t, b.GRPCAddr())
 	ref := reference(t, cb)
 	streams := filteredStreams(t, cb, "b-")
-	deliveredWithin(t, ca, ref, "10.0.1.1", peerBound)
+	deliveredWithin(t, ca, ref, "10.0.1.1", peerBound, etcd.Client(t))
 
 	px.Cut()
 	connected(t, b, 0)
@@ -197,7 +213,7 @@ func TestPeerWatchStreamCutConvergesThroughTheBackend(t *testing.T) {
 
 	px.Heal()
 	connected(t, b, 1)
-	deliveredWithin(t, ca, ref, "10.0.1.3", peerBound)
+	deliveredWithin(t, ca, ref, "10.0.1.3", peerBound, etcd.Client(t))
 	waitFor(t, "B lists what A lists", 20*time.Second, func() bool { return sameListing(t, ca, cb) })
 	checkGuarantees(t, cb, ref, nil, nil, streams...)
 }
@@ -215,14 +231,14 @@ func TestPeerWatchReplicaRestartsConverge(t *testing.T) {
 	ca, cb := dial(t, a.GRPCAddr()), dial(t, b.GRPCAddr())
 	ref := reference(t, cb)
 	streams := filteredStreams(t, cb, "b-")
-	deliveredWithin(t, ca, ref, "10.0.2.1", peerBound)
+	deliveredWithin(t, ca, ref, "10.0.2.1", peerBound, etcd.Client(t))
 
 	addr := a.GRPCAddr()
 	closeServer(t, a)
 	a = startAt(t, addr, peerWatchOn, func(o *server.Config) { o.EtcdEndpoints = etcd.Endpoints() })
 	connected(t, b, 1)
 	ca = dial(t, a.GRPCAddr())
-	deliveredWithin(t, ca, ref, "10.0.2.2", peerBound)
+	deliveredWithin(t, ca, ref, "10.0.2.2", peerBound, etcd.Client(t))
 	var acks ackLog
 	runWriters(t, ca, 0, 2, 30, "", &acks)
 	waitFor(t, "B lists what the new A lists", 20*time.Second, func() bool { return sameListing(t, ca, cb) })
@@ -237,7 +253,7 @@ func TestPeerWatchReplicaRestartsConverge(t *testing.T) {
 	cb = dial(t, b.GRPCAddr())
 	connected(t, b, 1)
 	ref2 := reference(t, cb)
-	deliveredWithin(t, ca, ref2, "10.0.2.4", peerBound)
+	deliveredWithin(t, ca, ref2, "10.0.2.4", peerBound, etcd.Client(t))
 	waitFor(t, "the restarted B lists what A lists", 20*time.Second, func() bool { return sameListing(t, ca, cb) })
 	checkGuarantees(t, cb, ref2, nil, nil)
 }
@@ -263,7 +279,7 @@ func TestPeerWatchUnconfirmedWriteRemovedByTheBackstop(t *testing.T) {
 
 	epx.Cut() // A can no longer flush
 	applied := time.Now()
-	deliveredWithin(t, ca, ref, "10.0.3.1", peerBound)
+	deliveredWithin(t, ca, ref, "10.0.3.1", peerBound, etcd.Client(t))
 	// A dies with the write unpersisted (its last flush cannot land).
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = a.Close(ctx)
@@ -281,4 +297,42 @@ func TestPeerWatchUnconfirmedWriteRemovedByTheBackstop(t *testing.T) {
 		t.Fatal("B still lists the unconfirmed write")
 	}
 	checkGuarantees(t, cb, ref, nil, nil, streams...)
+}
+
+// The control: with peer-watch off (the default) the same write reaches
+// B only through A's flush and the backend's watch, after about the batch
+// interval, so the bound above is peer-watch's doing. Off, the
+// RegistrarPeers service is not served at all.
+func TestPeerWatchOffWaitsForTheFlush(t *testing.T) {
+	t.Parallel()
+	etcd := etcdtest.Start(t)
+	off := func(o *server.Config) {
+		peerWatchOn(o)
+		o.PeerWatch = false
+	}
+	a := startRegistrar(t, etcd.Endpoints(), off)
+	b := startRegistrar(t, etcd.Endpoints(), off)
+	ca, cb := dial(t, a.GRPCAddr()), dial(t, b.GRPCAddr())
+	ref := reference(t, cb)
+	register(t, ca, ep("prime", "10.0.5.1", 80)) // spends the leading-edge flush (see deliveredWithin)
+	start := time.Now()
+	register(t, ca, ep("web", "10.0.5.1", 80))
+	waitFor(t, "B sees A's write through the backend", 15*time.Second, func() bool { return added(ref, "10.0.5.1") > 0 })
+	if took := time.Since(start); took < peerBound {
+		t.Fatalf("without peer-watch B saw A's write after %v, within peer-watch's bound %v: the bound proves nothing", took, peerBound)
+	} else {
+		t.Logf("without peer-watch: %v (batch interval %v)", took, peerBatch)
+	}
+	cc, err := grpc.NewClient(a.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	stream, err := registrarv1.NewRegistrarPeersClient(cc).PeerWatch(context.Background(), &registrarv1.PeerWatchRequest{})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.Unimplemented {
+		t.Fatalf("PeerWatch with peer-watch off: %v, want UNIMPLEMENTED", err)
+	}
 }
