@@ -400,7 +400,10 @@ func (r *Registrar) PeerWatch(ctx context.Context, caller string, send func(*reg
 			return status.Error(codes.Unavailable, "registrar shutting down")
 		case <-sub.lost:
 			return status.Errorf(codes.ResourceExhausted, "peer-watch stream to %s fell behind; reconnect (the backend has every write)", caller)
-		case batch = <-sub.ch:
+		case ws := <-sub.ch:
+			// A copy: every stream is handed the same slice, and
+			// appending to it in place would race with the others.
+			batch = append([]core.PeerWrite(nil), ws...)
 		}
 	more:
 		for len(batch) < peerBuffer {
