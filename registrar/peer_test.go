@@ -97,9 +97,12 @@ func peerMetric(t *testing.T, s *server.Server, name string) float64 {
 // write goes first: the write under test then waits for A's next flush, a
 // batch interval later, and the backend (cli) is checked not to hold it
 // yet when B has it: peer-watch delivered it, not the backend's watch.
-func deliveredWithin(t *testing.T, ca registrarv1.RegistrarClient, rb *watchcheck.Recorder, ip string, bound time.Duration, cli *clientv3.Client) time.Duration {
+// (Where A cannot reach the backend, the priming write stays queued and
+// the write under test with it.)
+func deliveredWithin(t *testing.T, a *server.Server, ca registrarv1.RegistrarClient, rb *watchcheck.Recorder, ip string, bound time.Duration, cli *clientv3.Client) time.Duration {
 	t.Helper()
 	register(t, ca, ep("prime", ip, 80))
+	primeFlushed(a)
 	start := time.Now()
 	e := ep("web", ip, 80)
 	register(t, ca, e)
@@ -112,6 +115,21 @@ func deliveredWithin(t *testing.T, ca registrarv1.RegistrarClient, rb *watchchec
 		t.Fatalf("B saw A's write of %s after %v, want within %v (batch interval %v)", ip, took, bound, peerBatch)
 	}
 	return took
+}
+
+// primeFlushed waits for A's leading-edge flush of the priming write to
+// land (so the next write waits a batch interval); false if A's queue does
+// not empty within a second, as when A is cut off from the backend, where
+// no flush can deliver anything anyway.
+func primeFlushed(a *server.Server) bool {
+	deadline := time.Now().Add(time.Second)
+	for a.Registrar().PendingWrites() > 0 {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond) // polling a condition with a deadline
+	}
+	return true
 }
 
 func TestPeerWatchDeliversBeforeTheFlushAndTheEchoChangesNothing(t *testing.T) {
@@ -127,7 +145,7 @@ func TestPeerWatchDeliversBeforeTheFlushAndTheEchoChangesNothing(t *testing.T) {
 
 	var worst time.Duration
 	for _, ip := range []string{"10.0.0.1", "10.0.0.2", "10.0.0.3"} {
-		worst = max(worst, deliveredWithin(t, ca, ref, ip, peerBound, etcd.Client(t)))
+		worst = max(worst, deliveredWithin(t, a, ca, ref, ip, peerBound, etcd.Client(t)))
 	}
 	t.Logf("A's writes reached B's watcher within %v (bound %v, batch interval %v)", worst, peerBound, peerBatch)
 
@@ -197,7 +215,7 @@ func TestPeerWatchStreamCutConvergesThroughTheBackend(t *testing.T) {
 	ca, cb := dial(t, a.GRPCAddr()), dial(t, b.GRPCAddr())
 	ref := reference(t, cb)
 	streams := filteredStreams(t, cb, "b-")
-	deliveredWithin(t, ca, ref, "10.0.1.1", peerBound, etcd.Client(t))
+	deliveredWithin(t, a, ca, ref, "10.0.1.1", peerBound, etcd.Client(t))
 
 	px.Cut()
 	connected(t, b, 0)
@@ -213,7 +231,7 @@ func TestPeerWatchStreamCutConvergesThroughTheBackend(t *testing.T) {
 
 	px.Heal()
 	connected(t, b, 1)
-	deliveredWithin(t, ca, ref, "10.0.1.3", peerBound, etcd.Client(t))
+	deliveredWithin(t, a, ca, ref, "10.0.1.3", peerBound, etcd.Client(t))
 	waitFor(t, "B lists what A lists", 20*time.Second, func() bool { return sameListing(t, ca, cb) })
 	checkGuarantees(t, cb, ref, nil, nil, streams...)
 }
@@ -231,14 +249,14 @@ func TestPeerWatchReplicaRestartsConverge(t *testing.T) {
 	ca, cb := dial(t, a.GRPCAddr()), dial(t, b.GRPCAddr())
 	ref := reference(t, cb)
 	streams := filteredStreams(t, cb, "b-")
-	deliveredWithin(t, ca, ref, "10.0.2.1", peerBound, etcd.Client(t))
+	deliveredWithin(t, a, ca, ref, "10.0.2.1", peerBound, etcd.Client(t))
 
 	addr := a.GRPCAddr()
 	closeServer(t, a)
 	a = startAt(t, addr, peerWatchOn, func(o *server.Config) { o.EtcdEndpoints = etcd.Endpoints() })
 	connected(t, b, 1)
 	ca = dial(t, a.GRPCAddr())
-	deliveredWithin(t, ca, ref, "10.0.2.2", peerBound, etcd.Client(t))
+	deliveredWithin(t, a, ca, ref, "10.0.2.2", peerBound, etcd.Client(t))
 	var acks ackLog
 	runWriters(t, ca, 0, 2, 30, "", &acks)
 	waitFor(t, "B lists what the new A lists", 20*time.Second, func() bool { return sameListing(t, ca, cb) })
@@ -253,7 +271,7 @@ func TestPeerWatchReplicaRestartsConverge(t *testing.T) {
 	cb = dial(t, b.GRPCAddr())
 	connected(t, b, 1)
 	ref2 := reference(t, cb)
-	deliveredWithin(t, ca, ref2, "10.0.2.4", peerBound, etcd.Client(t))
+	deliveredWithin(t, a, ca, ref2, "10.0.2.4", peerBound, etcd.Client(t))
 	waitFor(t, "the restarted B lists what A lists", 20*time.Second, func() bool { return sameListing(t, ca, cb) })
 	checkGuarantees(t, cb, ref2, nil, nil)
 }
@@ -279,7 +297,7 @@ func TestPeerWatchUnconfirmedWriteRemovedByTheBackstop(t *testing.T) {
 
 	epx.Cut() // A can no longer flush
 	applied := time.Now()
-	deliveredWithin(t, ca, ref, "10.0.3.1", peerBound, etcd.Client(t))
+	deliveredWithin(t, a, ca, ref, "10.0.3.1", peerBound, etcd.Client(t))
 	// A dies with the write unpersisted (its last flush cannot land).
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = a.Close(ctx)

@@ -41,7 +41,7 @@ func TestPeerWatchOverMTLSOnlyRegistrarsMayOpenIt(t *testing.T) {
 	ca := tlsClient(t, a.GRPCAddr(), m.CA, m, "operator-alice")
 	cb := tlsClient(t, b.GRPCAddr(), m.CA, m, "node-node-a")
 	ref := reference(t, cb)
-	took := deliveredWithin(t, ca, ref, "10.0.4.1", peerBound, etcd.Client(t))
+	took := deliveredWithin(t, a, ca, ref, "10.0.4.1", peerBound, etcd.Client(t))
 	t.Logf("over mTLS, A's write reached B's watcher within %v", took)
 
 	for _, who := range []string{"node-node-a", "operator-alice"} {
