@@ -167,6 +167,14 @@ func (r *Registrar) startPeers(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A store that only forwards (the server's, until it is connected)
+	// says here whether the one behind it keeps member records.
+	pctx, cancel := context.WithTimeout(ctx, peerMemberCallTimeout)
+	_, err = members.ListMembers(pctx, r.opts.Region, r.opts.ClusterName)
+	cancel()
+	if errors.Is(err, errors.ErrUnsupported) {
+		return err
+	}
 	r.wg.Add(2)
 	go func() { defer r.wg.Done(); r.runMembership(ctx, members, leases) }()
 	go func() { defer r.wg.Done(); r.runPeerDiscovery(ctx, members) }()

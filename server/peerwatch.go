@@ -60,12 +60,16 @@ func peerAdvertiseAddr(flag string, bound net.Addr) (string, error) {
 	return net.JoinHostPort(host, port), nil
 }
 
+// errNoMembers is the startup backend's answer when the connected backend
+// keeps no member records; the registrar refuses to start peer-watch on it.
+var errNoMembers = fmt.Errorf("--peer-watch: the configured backend keeps no member records (backend.Members): %w", errors.ErrUnsupported)
+
 // PutMember and ListMembers pass peer-watch's membership to the backend
 // once it is connected.
 func (b *startupBackend) PutMember(ctx context.Context, region, cluster string, m backend.Member, lease int64) error {
 	mb, ok := b.Backend.(backend.Members)
 	if !ok {
-		return errors.New("the backend keeps no member records: peer-watch needs backend.Members")
+		return errNoMembers
 	}
 	return mb.PutMember(ctx, region, cluster, m, lease)
 }
@@ -73,7 +77,7 @@ func (b *startupBackend) PutMember(ctx context.Context, region, cluster string, 
 func (b *startupBackend) ListMembers(ctx context.Context, region, cluster string) ([]backend.Member, error) {
 	mb, ok := b.Backend.(backend.Members)
 	if !ok {
-		return nil, errors.New("the backend keeps no member records: peer-watch needs backend.Members")
+		return nil, errNoMembers
 	}
 	return mb.ListMembers(ctx, region, cluster)
 }
