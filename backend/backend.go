@@ -340,6 +340,34 @@ type Leases interface {
 	PutNode(ctx context.Context, n *registryv1.Node, lease int64) (int64, error)
 }
 
+// Member is one registrar replica of a cluster as peer-watch finds it:
+// the replica's incarnation (its epoch, unique per process start) and the
+// gRPC address its peers dial to receive its local writes.
+type Member struct {
+	Epoch string `json:"epoch"`
+	Addr  string `json:"addr"`
+}
+
+// Members is replica membership for peer-watch: each replica of a cluster
+// writes its Member record under a lease of its own (Leases), so a
+// replica that stops renewing drops out by the store's own expiry, and the
+// others find the live ones by listing. The records live outside
+// registry.Root: no listing, digest or watch of the registry sees them.
+type Members interface {
+	// PutMember writes m for (region, cluster) attached to lease; a lease
+	// that no longer exists fails with ErrLeaseNotFound.
+	PutMember(ctx context.Context, region, cluster string, m Member, lease int64) error
+	// ListMembers returns the live members of (region, cluster), in
+	// epoch order.
+	ListMembers(ctx context.Context, region, cluster string) ([]Member, error)
+}
+
+// MembersPrefix is where a store keeps member records of (region,
+// cluster), for a store with a key space (etcd).
+func MembersPrefix(region, cluster string) string {
+	return "/aether/members/v1/" + region + "/" + cluster + "/"
+}
+
 // Full is a store with every capability: what the registrar runs on
 // today.
 type Full interface {

@@ -22,6 +22,7 @@ type metrics struct {
 	broadcast      *prometheus.CounterVec
 	broadcastByTyp map[registrarv1.EndpointEvent_EventType]prometheus.Counter
 	swept          prometheus.Counter
+	peer           *peerMetrics
 }
 
 func newMetrics(r *Registrar) *metrics {
@@ -92,6 +93,7 @@ func newMetrics(r *Registrar) *metrics {
 			Help: "Acknowledged writes the backend refused permanently, held back so the others persist; listed by /readyz?verbose.",
 		}, func() float64 { return float64(len(r.PersistenceStatus().Isolated)) }),
 	)
+	m.peer = newPeerMetrics(m.reg) // peer.go
 	return m
 }
 

@@ -67,6 +67,15 @@ type Options struct {
 	MaxEndpointsPerNode int
 	MaxWatchServices    int
 
+	// Peer-watch (--peer-watch, off by default until the disruption
+	// battery has judged it): stream local writes to the other replicas
+	// of the cluster, found through member records in the backend kept
+	// under a lease of PeerMemberTTL and listed every
+	// PeerDiscoveryInterval (peer.go).
+	PeerWatch             bool
+	PeerMemberTTL         time.Duration
+	PeerDiscoveryInterval time.Duration
+
 	Logger *slog.Logger
 }
 
@@ -98,6 +107,9 @@ func DefaultOptions() Options {
 		MaxMetadataBytes:    registry.DefaultLimits.MaxMetadataBytes,
 		MaxEndpointsPerNode: 1000,
 		MaxWatchServices:    1000,
+
+		PeerMemberTTL:         defaultPeerMemberTTL,
+		PeerDiscoveryInterval: defaultPeerDiscovery,
 	}
 }
 
@@ -128,6 +140,8 @@ func (o Options) withDefaults() Options {
 	defaults.Set(&o.MaxMetadataBytes, d.MaxMetadataBytes)
 	defaults.Set(&o.MaxEndpointsPerNode, d.MaxEndpointsPerNode)
 	defaults.Set(&o.MaxWatchServices, d.MaxWatchServices)
+	defaults.Set(&o.PeerMemberTTL, d.PeerMemberTTL)
+	defaults.Set(&o.PeerDiscoveryInterval, d.PeerDiscoveryInterval)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -156,6 +170,8 @@ func (o Options) Validate() error {
 		{o.MaxMetadataBytes < 0, "--max-metadata-bytes", "must be positive"},
 		{o.MaxEndpointsPerNode < 0, "--max-endpoints-per-node", "must be positive"},
 		{o.MaxWatchServices < 0, "--max-watch-services", "must be positive"},
+		{o.PeerMemberTTL < 0 || (o.PeerMemberTTL > 0 && o.PeerMemberTTL < 2*time.Second), "--peer-member-ttl", "must be at least 2s (etcd leases count whole seconds)"},
+		{o.PeerDiscoveryInterval < 0, "--peer-discovery-interval", "must be positive"},
 	}
 	for _, c := range checks {
 		if c.bad {

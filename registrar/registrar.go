@@ -2,6 +2,7 @@ package registrar
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -77,6 +78,12 @@ type Registrar struct {
 	// persistence, and for the persistence status (persistence.go);
 	// guarded by mu.
 	persist persistTracker
+
+	// Peer-watch (peer.go): the streams this replica serves, and the
+	// address and client TLS its member record and dialing use.
+	peerHub  *peerHub
+	peerAddr string
+	peerTLS  *tls.Config
 }
 
 // New builds a registrar over a store. Call Start to load the snapshot.
@@ -116,7 +123,9 @@ func New(opts Options, store backend.Store) (*Registrar, error) {
 			QueueLimit:   opts.WriteQueueLimit,
 			MaxPerNode:   opts.MaxEndpointsPerNode,
 			FlushAtBatch: opts.WriteBatchSize,
+			PeerGrace:    opts.peerGrace(),
 		}),
+		peerHub:   newPeerHub(),
 		hub:       newHub(),
 		kick:      make(chan struct{}, 1),
 		sweepKick: make(chan struct{}, 1),
@@ -160,6 +169,12 @@ func (r *Registrar) Start(ctx context.Context) error {
 
 	loopCtx, cancel := context.WithCancel(context.Background())
 	r.stop = cancel
+	if r.opts.PeerWatch {
+		if err := r.startPeers(loopCtx); err != nil {
+			cancel()
+			return err
+		}
+	}
 	r.wg.Add(4)
 	go func() { defer r.wg.Done(); r.runSweep(loopCtx) }()
 	go func() { defer r.wg.Done(); r.runFlusher(loopCtx) }()

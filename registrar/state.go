@@ -44,6 +44,7 @@ func (r *Registrar) act(eff core.Effects) {
 	if eff.Sweep {
 		r.kickSweep()
 	}
+	r.actPeer(eff) // peer.go
 }
 
 // nodeOf is the node an endpoint belongs to; ok is false for an endpoint

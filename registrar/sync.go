@@ -47,9 +47,12 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 		return done
 	}
 	// begin starts applying a listing; false if it is to be ignored.
-	begin := func(l backend.Listing, scope listingScope) *core.ListingApply {
+	// started is when its read began (peer-watch's provisional writes
+	// applied long enough before it are judged by it).
+	begin := func(l backend.Listing, scope listingScope, started time.Time) *core.ListingApply {
 		a := core.NewListingApply(l)
 		a.Scope = scope
+		a.Started = started
 		r.mu.Lock()
 		ok := r.st.BeginListing(a)
 		if !ok {
@@ -72,6 +75,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			}
 		}
 		lastList = r.clock.Now()
+		started := lastList
 		l, scope, err := list(ctx)
 		if err != nil {
 			if !isClosed(ctx, err) {
@@ -79,7 +83,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			}
 			return 0, false
 		}
-		if a := begin(l, scope); a != nil {
+		if a := begin(l, scope, started); a != nil {
 			for !step(a) {
 			}
 		}
@@ -159,7 +163,8 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 		l          backend.Listing
 		scope      listingScope
 		err        error
-		foreground int // foreground re-lists before it was read
+		foreground int       // foreground re-lists before it was read
+		started    time.Time // when its read began
 	}
 	var listed chan listResult // nil while none is out
 	defer func() {
@@ -201,10 +206,10 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 			r.st.TrackForListing()
 			r.mu.Unlock()
 			listed = make(chan listResult, 1)
-			go func(out chan<- listResult, fg int) {
+			go func(out chan<- listResult, fg int, started time.Time) {
 				l, scope, err := r.backstopList(ctx)
-				out <- listResult{l, scope, err, fg}
-			}(listed, foreground)
+				out <- listResult{l, scope, err, fg, started}
+			}(listed, foreground, r.clock.Now())
 		case res := <-listed:
 			listed = nil
 			if res.foreground != foreground {
@@ -219,7 +224,7 @@ func (r *Registrar) runSync(ctx context.Context, rev int64) {
 				}
 				continue
 			}
-			applying = begin(res.l, res.scope)
+			applying = begin(res.l, res.scope, res.started)
 		}
 	}
 }

@@ -123,6 +123,16 @@ type Config struct {
 	// CLI's --max-streams-per-identity 0).
 	MaxRecvMsgSize        int
 	MaxStreamsPerIdentity int
+
+	// Peer-watch (Options.PeerWatch): PeerAdvertiseAddr is the gRPC
+	// address this replica's member record gives its peers (default: the
+	// bound GRPCAddr, with this host's name when it is bound to every
+	// interface). With TLS on, peers are dialed with this registrar's own
+	// certificate (TLSCertFile) as the client identity, their server
+	// certificates verified against PeerWatchCACert (default
+	// TLSClientCAFile).
+	PeerAdvertiseAddr string
+	PeerWatchCACert   string
 }
 
 // TLSEnabled reports whether the registrar serves TLS.
@@ -238,7 +248,23 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%s %s", ch.flag, ch.msg)
 		}
 	}
+	if err := c.validatePeerWatch(); err != nil {
+		return err
+	}
 	return c.validateSecurity()
+}
+
+// validatePeerWatch checks the peer-watch options that need others.
+func (c Config) validatePeerWatch() error {
+	switch {
+	case !c.PeerWatch && (c.PeerAdvertiseAddr != "" || c.PeerWatchCACert != ""):
+		return fmt.Errorf("--peer-advertise-addr and --peer-watch-cacert are only used with --peer-watch: add --peer-watch or drop them")
+	case c.PeerWatchCACert != "" && c.TLSCertFile == "":
+		return fmt.Errorf("--peer-watch-cacert is only used with --tls-cert: without TLS, peers are dialed in plaintext")
+	case c.PeerWatch && c.TLSCertFile != "" && c.PeerWatchCACert == "" && c.TLSClientCAFile == "":
+		return fmt.Errorf("--peer-watch with --tls-cert needs a CA to verify peer registrars by: add --peer-watch-cacert (or --tls-client-ca)")
+	}
+	return nil
 }
 
 // validateSecurity checks the TLS, identity and etcd TLS options. Every

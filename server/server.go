@@ -323,6 +323,11 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 	if s.api, err = grpcapi.Register(s.grpc, s.reg, api); err != nil {
 		return nil, err
 	}
+	if opts.PeerWatch {
+		if err := s.setupPeerWatch(api); err != nil {
+			return nil, err
+		}
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	go func() {

@@ -62,6 +62,7 @@ func RunAll(t *testing.T, f Factory) {
 	_, watches := probe.(backend.Watcher)
 	_, digests := probe.(backend.Digester)
 	_, leases := probe.(backend.Leases)
+	_, members := probe.(backend.Members)
 	run := func(name string, fn func(T, Factory)) {
 		t.Run(name, func(t *testing.T) { fn(t, f) })
 	}
@@ -82,6 +83,9 @@ func RunAll(t *testing.T, f Factory) {
 	}
 	if leases {
 		run("Leases", RunLeases)
+	}
+	if leases && members {
+		run("Members", RunMembers)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +51,7 @@ type Backend struct {
 	tombs     map[string]tombstone
 	leases    map[int64]*lease
 	lastLease int64
+	members   map[string]memberRec // by members prefix + epoch
 	changes   []backend.WatchBatch // one per revision that changed a key under registry.Root
 	changed   chan struct{}        // closed, and replaced, at every commit
 }
@@ -108,6 +110,7 @@ func New(opts Options) *Backend {
 		nodes:   make(map[string]*history[*registryv1.Node]),
 		tombs:   make(map[string]tombstone),
 		leases:  make(map[int64]*lease),
+		members: make(map[string]memberRec),
 		changed: make(chan struct{}),
 	}
 }
@@ -459,6 +462,11 @@ func (b *Backend) expireLocked() {
 // (0 when it held none).
 func (b *Backend) revokeLocked(id int64) int64 {
 	delete(b.leases, id)
+	for k, m := range b.members {
+		if m.lease == id {
+			delete(b.members, k) // outside the registry: no revision, no event
+		}
+	}
 	var batch backend.WatchBatch
 	for _, k := range sortedKeys(b.nodes) {
 		h := b.nodes[k]
@@ -569,4 +577,50 @@ func (b *Backend) PutNode(ctx context.Context, n *registryv1.Node, id int64) (in
 	rev := b.rev + 1
 	h.writes = append(h.writes, write[*registryv1.Node]{rev: rev, v: cloneNode(n), lease: id})
 	return b.commit(backend.WatchBatch{Nodes: []backend.NodeEvent{{ID: nid, Node: cloneNode(n), Revision: rev}}}), nil
+}
+
+// memberRec is a member record and the lease it lives under.
+type memberRec struct {
+	m     backend.Member
+	lease int64
+}
+
+var _ backend.Members = (*Backend)(nil)
+
+// PutMember writes a member record under a live lease; it goes with the
+// lease, and, being outside registry.Root, moves no revision.
+func (b *Backend) PutMember(ctx context.Context, region, cluster string, m backend.Member, id int64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if m.Epoch == "" {
+		return fmt.Errorf("member record without an epoch")
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, err := b.liveLease(id); err != nil {
+		return fmt.Errorf("put member %s: %w", m.Epoch, err)
+	}
+	b.members[backend.MembersPrefix(region, cluster)+m.Epoch] = memberRec{m: m, lease: id}
+	return nil
+}
+
+// ListMembers returns the live member records of (region, cluster), in
+// epoch order.
+func (b *Backend) ListMembers(ctx context.Context, region, cluster string) ([]backend.Member, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.expireLocked()
+	prefix := backend.MembersPrefix(region, cluster)
+	var out []backend.Member
+	for k, m := range b.members {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, m.m)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Epoch < out[j].Epoch })
+	return out, nil
 }

@@ -198,7 +198,8 @@ func TestRegistrarOptions(t *testing.T) {
 		}
 		res := runCLI(t, nil, env, "registrar", "--grpc-addr", ":19443", "--watch-progress-interval", "2s",
 			"--max-metadata-bytes", "512", "--max-streams-per-identity", "3",
-			"--peer-etcd", "us-east=http://p1:2379,http://p2:2379", "--peer-etcd", "ap-south=http://p3:2379")
+			"--peer-etcd", "us-east=http://p1:2379,http://p2:2379", "--peer-etcd", "ap-south=http://p3:2379",
+			"--peer-watch", "--peer-advertise-addr", "r1.example:19443", "--peer-member-ttl", "6s")
 		if res.err != nil {
 			t.Fatal(res.err)
 		}
@@ -219,24 +220,28 @@ func TestRegistrarOptions(t *testing.T) {
 			TLSReloadInterval:     10 * time.Second, // the flag's default
 			MaxRecvMsgSize:        1 << 20,
 			MaxStreamsPerIdentity: 3,
+			PeerAdvertiseAddr:     "r1.example:19443",
 			Options: registrar.Options{
-				Zone:                "eu-west-1a",
-				MaxWatchServices:    50,
-				ClusterName:         "c1",
-				Region:              "eu-west",
-				SyncMode:            registrar.SyncPoll,
-				SyncInterval:        30 * time.Second,
-				SyncDebounce:        time.Second,
-				WriteBatchInterval:  50 * time.Millisecond,
-				WriteBatchSize:      10,
-				WriteQueueLimit:     20,
-				WatchHistory:        30,
-				WatchBuffer:         40,
-				ProgressInterval:    2 * time.Second,
-				NodeTTL:             45 * time.Second,
-				MaxMetadataEntries:  8,
-				MaxMetadataBytes:    512,
-				MaxEndpointsPerNode: 7,
+				PeerWatch:             true,
+				PeerMemberTTL:         6 * time.Second,
+				PeerDiscoveryInterval: time.Second, // the flag's default
+				Zone:                  "eu-west-1a",
+				MaxWatchServices:      50,
+				ClusterName:           "c1",
+				Region:                "eu-west",
+				SyncMode:              registrar.SyncPoll,
+				SyncInterval:          30 * time.Second,
+				SyncDebounce:          time.Second,
+				WriteBatchInterval:    50 * time.Millisecond,
+				WriteBatchSize:        10,
+				WriteQueueLimit:       20,
+				WatchHistory:          30,
+				WatchBuffer:           40,
+				ProgressInterval:      2 * time.Second,
+				NodeTTL:               45 * time.Second,
+				MaxMetadataEntries:    8,
+				MaxMetadataBytes:      512,
+				MaxEndpointsPerNode:   7,
 			},
 		}
 		want.Backend, want.DynamoDBFullScanInterval = server.BackendEtcd, 5*time.Minute // the backend flags' defaults

@@ -133,6 +133,11 @@ Without them it serves plaintext and warns: development only.`,
 	f.IntVar(&opts.MaxWatchServices, "max-watch-services", opts.MaxWatchServices, "most services in one watch filter (WatchEndpoints, Subscribe start and updates); more get INVALID_ARGUMENT")
 	f.IntVar(&opts.MaxStreamsPerIdentity, "max-streams-per-identity", opts.MaxStreamsPerIdentity, "most open watch streams per client identity (SPIFFE ID with mTLS, IP address otherwise); 0 = unlimited; more get RESOURCE_EXHAUSTED")
 	f.IntVar(&opts.MaxEndpointsPerNode, "max-endpoints-per-node", opts.MaxEndpointsPerNode, "most endpoints one node may register; a registration of a new endpoint beyond it gets RESOURCE_EXHAUSTED (updates are always allowed)")
+	f.BoolVar(&opts.PeerWatch, "peer-watch", false, "stream this replica's writes to the other replicas of its cluster as they are acknowledged, and apply theirs, so cross-replica freshness does not wait on --write-batch-interval and the backend's feed (the backend stays the source of truth). Off by default until the disruption battery has judged it (docs/architecture.md, \"Peer-watch\")")
+	f.StringVar(&opts.PeerAdvertiseAddr, "peer-advertise-addr", "", "gRPC address this replica's peers dial for peer-watch (default: --grpc-addr as bound, with the host name when bound to every interface)")
+	f.StringVar(&opts.PeerWatchCACert, "peer-watch-cacert", "", "CA bundle (PEM) verifying peer registrars' server certificates for peer-watch with TLS (default --tls-client-ca); the registrar dials them with --tls-cert as its client identity")
+	f.DurationVar(&opts.PeerMemberTTL, "peer-member-ttl", opts.PeerMemberTTL, "lease TTL of this replica's peer-watch member record: a replica that stops renewing drops out of its peers' view this long after")
+	f.DurationVar(&opts.PeerDiscoveryInterval, "peer-discovery-interval", opts.PeerDiscoveryInterval, "list the peer-watch member records every interval")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "log format: text or json")
 	return cmd
@@ -148,7 +153,7 @@ var registrarZeroFlags = []string{
 	"watch-history", "watch-buffer", "watch-progress-interval",
 	"node-ttl", "replication-lease-ttl", "tls-reload-interval",
 	"max-recv-msg-size", "max-metadata-entries", "max-metadata-bytes",
-	"max-watch-services", "max-endpoints-per-node",
+	"max-watch-services", "max-endpoints-per-node", "peer-member-ttl", "peer-discovery-interval",
 	"dynamodb-full-scan-interval",
 }
 

@@ -1711,6 +1711,169 @@ func (x *PeerReplicationStatus) GetLastError() string {
 	return ""
 }
 
+type PeerWatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The caller's epoch, for the serving replica's logs.
+	Epoch         string `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerWatchRequest) Reset() {
+	*x = PeerWatchRequest{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerWatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerWatchRequest) ProtoMessage() {}
+
+func (x *PeerWatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerWatchRequest.ProtoReflect.Descriptor instead.
+func (*PeerWatchRequest) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *PeerWatchRequest) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+// PeerWrites are local writes of the serving replica, in the order it
+// applied them.
+type PeerWrites struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The serving replica's epoch.
+	Epoch         string       `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Writes        []*PeerWrite `protobuf:"bytes,2,rep,name=writes,proto3" json:"writes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerWrites) Reset() {
+	*x = PeerWrites{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerWrites) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerWrites) ProtoMessage() {}
+
+func (x *PeerWrites) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerWrites.ProtoReflect.Descriptor instead.
+func (*PeerWrites) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *PeerWrites) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+func (x *PeerWrites) GetWrites() []*PeerWrite {
+	if x != nil {
+		return x.Writes
+	}
+	return nil
+}
+
+// PeerWrite is one acknowledged write: a put of endpoint (its stamp in
+// endpoint.stamp), or, when deleted is set, the removal of endpoint's
+// identity stamped stamp.
+type PeerWrite struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      *v1.ServiceEndpoint    `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Deleted       bool                   `protobuf:"varint,2,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	Stamp         *v1.WriteStamp         `protobuf:"bytes,3,opt,name=stamp,proto3" json:"stamp,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerWrite) Reset() {
+	*x = PeerWrite{}
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerWrite) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerWrite) ProtoMessage() {}
+
+func (x *PeerWrite) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registrar_v1_registrar_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerWrite.ProtoReflect.Descriptor instead.
+func (*PeerWrite) Descriptor() ([]byte, []int) {
+	return file_aether_registrar_v1_registrar_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *PeerWrite) GetEndpoint() *v1.ServiceEndpoint {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
+}
+
+func (x *PeerWrite) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *PeerWrite) GetStamp() *v1.WriteStamp {
+	if x != nil {
+		return x.Stamp
+	}
+	return nil
+}
+
 var File_aether_registrar_v1_registrar_proto protoreflect.FileDescriptor
 
 const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
@@ -1835,7 +1998,17 @@ const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
 	"full_syncs\x18\r \x01(\x04R\tfullSyncs\x12-\n" +
 	"\x12keepalive_failures\x18\x0e \x01(\x04R\x11keepaliveFailures\x12\x1d\n" +
 	"\n" +
-	"last_error\x18\x0f \x01(\tR\tlastError2\xf9\b\n" +
+	"last_error\x18\x0f \x01(\tR\tlastError\"(\n" +
+	"\x10PeerWatchRequest\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\tR\x05epoch\"Z\n" +
+	"\n" +
+	"PeerWrites\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x126\n" +
+	"\x06writes\x18\x02 \x03(\v2\x1e.aether.registrar.v1.PeerWriteR\x06writes\"\x9c\x01\n" +
+	"\tPeerWrite\x12?\n" +
+	"\bendpoint\x18\x01 \x01(\v2#.aether.registry.v1.ServiceEndpointR\bendpoint\x12\x18\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted\x124\n" +
+	"\x05stamp\x18\x03 \x01(\v2\x1e.aether.registry.v1.WriteStampR\x05stamp2\xf9\b\n" +
 	"\tRegistrar\x12o\n" +
 	"\x10RegisterEndpoint\x12,.aether.registrar.v1.RegisterEndpointRequest\x1a-.aether.registrar.v1.RegisterEndpointResponse\x12u\n" +
 	"\x12UnregisterEndpoint\x12..aether.registrar.v1.UnregisterEndpointRequest\x1a/.aether.registrar.v1.UnregisterEndpointResponse\x12b\n" +
@@ -1847,7 +2020,9 @@ const file_aether_registrar_v1_registrar_proto_rawDesc = "" +
 	"\tHeartbeat\x12%.aether.registrar.v1.HeartbeatRequest\x1a&.aether.registrar.v1.HeartbeatResponse\x12Z\n" +
 	"\tLeaveNode\x12%.aether.registrar.v1.LeaveNodeRequest\x1a&.aether.registrar.v1.LeaveNodeResponse\x12Z\n" +
 	"\tListNodes\x12%.aether.registrar.v1.ListNodesRequest\x1a&.aether.registrar.v1.ListNodesResponse\x12r\n" +
-	"\x11ReplicationStatus\x12-.aether.registrar.v1.ReplicationStatusRequest\x1a..aether.registrar.v1.ReplicationStatusResponseB;Z9github.com/aethermesh/aether/api/registrar/v1;registrarv1b\x06proto3"
+	"\x11ReplicationStatus\x12-.aether.registrar.v1.ReplicationStatusRequest\x1a..aether.registrar.v1.ReplicationStatusResponse2g\n" +
+	"\x0eRegistrarPeers\x12U\n" +
+	"\tPeerWatch\x12%.aether.registrar.v1.PeerWatchRequest\x1a\x1f.aether.registrar.v1.PeerWrites0\x01B;Z9github.com/aethermesh/aether/api/registrar/v1;registrarv1b\x06proto3"
 
 var (
 	file_aether_registrar_v1_registrar_proto_rawDescOnce sync.Once
@@ -1862,7 +2037,7 @@ func file_aether_registrar_v1_registrar_proto_rawDescGZIP() []byte {
 }
 
 var file_aether_registrar_v1_registrar_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_aether_registrar_v1_registrar_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_aether_registrar_v1_registrar_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_aether_registrar_v1_registrar_proto_goTypes = []any{
 	(EndpointEvent_EventType)(0),       // 0: aether.registrar.v1.EndpointEvent.EventType
 	(*RegisterEndpointRequest)(nil),    // 1: aether.registrar.v1.RegisterEndpointRequest
@@ -1889,57 +2064,66 @@ var file_aether_registrar_v1_registrar_proto_goTypes = []any{
 	(*ReplicationStatusRequest)(nil),   // 22: aether.registrar.v1.ReplicationStatusRequest
 	(*ReplicationStatusResponse)(nil),  // 23: aether.registrar.v1.ReplicationStatusResponse
 	(*PeerReplicationStatus)(nil),      // 24: aether.registrar.v1.PeerReplicationStatus
-	(*v1.ServiceEndpoint)(nil),         // 25: aether.registry.v1.ServiceEndpoint
-	(v1.Protocol)(0),                   // 26: aether.registry.v1.Protocol
-	(*v1.EndpointRef)(nil),             // 27: aether.registry.v1.EndpointRef
-	(*v1.Node)(nil),                    // 28: aether.registry.v1.Node
+	(*PeerWatchRequest)(nil),           // 25: aether.registrar.v1.PeerWatchRequest
+	(*PeerWrites)(nil),                 // 26: aether.registrar.v1.PeerWrites
+	(*PeerWrite)(nil),                  // 27: aether.registrar.v1.PeerWrite
+	(*v1.ServiceEndpoint)(nil),         // 28: aether.registry.v1.ServiceEndpoint
+	(v1.Protocol)(0),                   // 29: aether.registry.v1.Protocol
+	(*v1.EndpointRef)(nil),             // 30: aether.registry.v1.EndpointRef
+	(*v1.Node)(nil),                    // 31: aether.registry.v1.Node
+	(*v1.WriteStamp)(nil),              // 32: aether.registry.v1.WriteStamp
 }
 var file_aether_registrar_v1_registrar_proto_depIdxs = []int32{
-	25, // 0: aether.registrar.v1.RegisterEndpointRequest.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	25, // 1: aether.registrar.v1.RegisterEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	26, // 2: aether.registrar.v1.UnregisterEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
-	27, // 3: aether.registrar.v1.UnregisterEndpointRequest.endpoint:type_name -> aether.registry.v1.EndpointRef
+	28, // 0: aether.registrar.v1.RegisterEndpointRequest.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	28, // 1: aether.registrar.v1.RegisterEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	29, // 2: aether.registrar.v1.UnregisterEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
+	30, // 3: aether.registrar.v1.UnregisterEndpointRequest.endpoint:type_name -> aether.registry.v1.EndpointRef
 	0,  // 4: aether.registrar.v1.EndpointEvent.type:type_name -> aether.registrar.v1.EndpointEvent.EventType
-	25, // 5: aether.registrar.v1.EndpointEvent.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
-	25, // 6: aether.registrar.v1.EndpointEvent.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
-	25, // 7: aether.registrar.v1.ListAllEndpointsResponse.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
-	26, // 8: aether.registrar.v1.DrainEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
-	27, // 9: aether.registrar.v1.DrainEndpointRequest.endpoint:type_name -> aether.registry.v1.EndpointRef
-	25, // 10: aether.registrar.v1.DrainEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	28, // 5: aether.registrar.v1.EndpointEvent.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	28, // 6: aether.registrar.v1.EndpointEvent.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
+	28, // 7: aether.registrar.v1.ListAllEndpointsResponse.endpoints:type_name -> aether.registry.v1.ServiceEndpoint
+	29, // 8: aether.registrar.v1.DrainEndpointRequest.protocol:type_name -> aether.registry.v1.Protocol
+	30, // 9: aether.registrar.v1.DrainEndpointRequest.endpoint:type_name -> aether.registry.v1.EndpointRef
+	28, // 10: aether.registrar.v1.DrainEndpointResponse.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
 	5,  // 11: aether.registrar.v1.SubscribeRequest.start:type_name -> aether.registrar.v1.WatchEndpointsRequest
 	12, // 12: aether.registrar.v1.SubscribeRequest.update:type_name -> aether.registrar.v1.SubscriptionUpdate
-	28, // 13: aether.registrar.v1.AnnounceNodeRequest.node:type_name -> aether.registry.v1.Node
-	28, // 14: aether.registrar.v1.AnnounceNodeResponse.node:type_name -> aether.registry.v1.Node
+	31, // 13: aether.registrar.v1.AnnounceNodeRequest.node:type_name -> aether.registry.v1.Node
+	31, // 14: aether.registrar.v1.AnnounceNodeResponse.node:type_name -> aether.registry.v1.Node
 	21, // 15: aether.registrar.v1.ListNodesResponse.nodes:type_name -> aether.registrar.v1.NodeStatus
-	28, // 16: aether.registrar.v1.NodeStatus.node:type_name -> aether.registry.v1.Node
+	31, // 16: aether.registrar.v1.NodeStatus.node:type_name -> aether.registry.v1.Node
 	24, // 17: aether.registrar.v1.ReplicationStatusResponse.peers:type_name -> aether.registrar.v1.PeerReplicationStatus
-	1,  // 18: aether.registrar.v1.Registrar.RegisterEndpoint:input_type -> aether.registrar.v1.RegisterEndpointRequest
-	3,  // 19: aether.registrar.v1.Registrar.UnregisterEndpoint:input_type -> aether.registrar.v1.UnregisterEndpointRequest
-	5,  // 20: aether.registrar.v1.Registrar.WatchEndpoints:input_type -> aether.registrar.v1.WatchEndpointsRequest
-	7,  // 21: aether.registrar.v1.Registrar.ListAllEndpoints:input_type -> aether.registrar.v1.ListAllEndpointsRequest
-	9,  // 22: aether.registrar.v1.Registrar.DrainEndpoint:input_type -> aether.registrar.v1.DrainEndpointRequest
-	11, // 23: aether.registrar.v1.Registrar.Subscribe:input_type -> aether.registrar.v1.SubscribeRequest
-	13, // 24: aether.registrar.v1.Registrar.AnnounceNode:input_type -> aether.registrar.v1.AnnounceNodeRequest
-	15, // 25: aether.registrar.v1.Registrar.Heartbeat:input_type -> aether.registrar.v1.HeartbeatRequest
-	17, // 26: aether.registrar.v1.Registrar.LeaveNode:input_type -> aether.registrar.v1.LeaveNodeRequest
-	19, // 27: aether.registrar.v1.Registrar.ListNodes:input_type -> aether.registrar.v1.ListNodesRequest
-	22, // 28: aether.registrar.v1.Registrar.ReplicationStatus:input_type -> aether.registrar.v1.ReplicationStatusRequest
-	2,  // 29: aether.registrar.v1.Registrar.RegisterEndpoint:output_type -> aether.registrar.v1.RegisterEndpointResponse
-	4,  // 30: aether.registrar.v1.Registrar.UnregisterEndpoint:output_type -> aether.registrar.v1.UnregisterEndpointResponse
-	6,  // 31: aether.registrar.v1.Registrar.WatchEndpoints:output_type -> aether.registrar.v1.EndpointEvent
-	8,  // 32: aether.registrar.v1.Registrar.ListAllEndpoints:output_type -> aether.registrar.v1.ListAllEndpointsResponse
-	10, // 33: aether.registrar.v1.Registrar.DrainEndpoint:output_type -> aether.registrar.v1.DrainEndpointResponse
-	6,  // 34: aether.registrar.v1.Registrar.Subscribe:output_type -> aether.registrar.v1.EndpointEvent
-	14, // 35: aether.registrar.v1.Registrar.AnnounceNode:output_type -> aether.registrar.v1.AnnounceNodeResponse
-	16, // 36: aether.registrar.v1.Registrar.Heartbeat:output_type -> aether.registrar.v1.HeartbeatResponse
-	18, // 37: aether.registrar.v1.Registrar.LeaveNode:output_type -> aether.registrar.v1.LeaveNodeResponse
-	20, // 38: aether.registrar.v1.Registrar.ListNodes:output_type -> aether.registrar.v1.ListNodesResponse
-	23, // 39: aether.registrar.v1.Registrar.ReplicationStatus:output_type -> aether.registrar.v1.ReplicationStatusResponse
-	29, // [29:40] is the sub-list for method output_type
-	18, // [18:29] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	27, // 18: aether.registrar.v1.PeerWrites.writes:type_name -> aether.registrar.v1.PeerWrite
+	28, // 19: aether.registrar.v1.PeerWrite.endpoint:type_name -> aether.registry.v1.ServiceEndpoint
+	32, // 20: aether.registrar.v1.PeerWrite.stamp:type_name -> aether.registry.v1.WriteStamp
+	1,  // 21: aether.registrar.v1.Registrar.RegisterEndpoint:input_type -> aether.registrar.v1.RegisterEndpointRequest
+	3,  // 22: aether.registrar.v1.Registrar.UnregisterEndpoint:input_type -> aether.registrar.v1.UnregisterEndpointRequest
+	5,  // 23: aether.registrar.v1.Registrar.WatchEndpoints:input_type -> aether.registrar.v1.WatchEndpointsRequest
+	7,  // 24: aether.registrar.v1.Registrar.ListAllEndpoints:input_type -> aether.registrar.v1.ListAllEndpointsRequest
+	9,  // 25: aether.registrar.v1.Registrar.DrainEndpoint:input_type -> aether.registrar.v1.DrainEndpointRequest
+	11, // 26: aether.registrar.v1.Registrar.Subscribe:input_type -> aether.registrar.v1.SubscribeRequest
+	13, // 27: aether.registrar.v1.Registrar.AnnounceNode:input_type -> aether.registrar.v1.AnnounceNodeRequest
+	15, // 28: aether.registrar.v1.Registrar.Heartbeat:input_type -> aether.registrar.v1.HeartbeatRequest
+	17, // 29: aether.registrar.v1.Registrar.LeaveNode:input_type -> aether.registrar.v1.LeaveNodeRequest
+	19, // 30: aether.registrar.v1.Registrar.ListNodes:input_type -> aether.registrar.v1.ListNodesRequest
+	22, // 31: aether.registrar.v1.Registrar.ReplicationStatus:input_type -> aether.registrar.v1.ReplicationStatusRequest
+	25, // 32: aether.registrar.v1.RegistrarPeers.PeerWatch:input_type -> aether.registrar.v1.PeerWatchRequest
+	2,  // 33: aether.registrar.v1.Registrar.RegisterEndpoint:output_type -> aether.registrar.v1.RegisterEndpointResponse
+	4,  // 34: aether.registrar.v1.Registrar.UnregisterEndpoint:output_type -> aether.registrar.v1.UnregisterEndpointResponse
+	6,  // 35: aether.registrar.v1.Registrar.WatchEndpoints:output_type -> aether.registrar.v1.EndpointEvent
+	8,  // 36: aether.registrar.v1.Registrar.ListAllEndpoints:output_type -> aether.registrar.v1.ListAllEndpointsResponse
+	10, // 37: aether.registrar.v1.Registrar.DrainEndpoint:output_type -> aether.registrar.v1.DrainEndpointResponse
+	6,  // 38: aether.registrar.v1.Registrar.Subscribe:output_type -> aether.registrar.v1.EndpointEvent
+	14, // 39: aether.registrar.v1.Registrar.AnnounceNode:output_type -> aether.registrar.v1.AnnounceNodeResponse
+	16, // 40: aether.registrar.v1.Registrar.Heartbeat:output_type -> aether.registrar.v1.HeartbeatResponse
+	18, // 41: aether.registrar.v1.Registrar.LeaveNode:output_type -> aether.registrar.v1.LeaveNodeResponse
+	20, // 42: aether.registrar.v1.Registrar.ListNodes:output_type -> aether.registrar.v1.ListNodesResponse
+	23, // 43: aether.registrar.v1.Registrar.ReplicationStatus:output_type -> aether.registrar.v1.ReplicationStatusResponse
+	26, // 44: aether.registrar.v1.RegistrarPeers.PeerWatch:output_type -> aether.registrar.v1.PeerWrites
+	33, // [33:45] is the sub-list for method output_type
+	21, // [21:33] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_aether_registrar_v1_registrar_proto_init() }
@@ -1957,9 +2141,9 @@ func file_aether_registrar_v1_registrar_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aether_registrar_v1_registrar_proto_rawDesc), len(file_aether_registrar_v1_registrar_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   24,
+			NumMessages:   27,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_aether_registrar_v1_registrar_proto_goTypes,
 		DependencyIndexes: file_aether_registrar_v1_registrar_proto_depIdxs,

@@ -554,3 +554,128 @@ var Registrar_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "aether/registrar/v1/registrar.proto",
 }
+
+const (
+	RegistrarPeers_PeerWatch_FullMethodName = "/aether.registrar.v1.RegistrarPeers/PeerWatch"
+)
+
+// RegistrarPeersClient is the client API for RegistrarPeers service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// RegistrarPeers is peer-watch: the replicas of one cluster tell each other
+// the writes their clients make, as they are applied, without waiting for
+// the write-behind flush and the backend's change feed. A replica opens
+// PeerWatch on each other replica it finds through the backend's member
+// records and applies what arrives to its snapshot. The backend stays the
+// source of truth: its later report of the same write is recognised by the
+// write's stamp and changes nothing, and its backstop repairs a peer write
+// that never reached it. With mTLS on, only registrar (server) identities
+// may open the stream.
+type RegistrarPeersClient interface {
+	PeerWatch(ctx context.Context, in *PeerWatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PeerWrites], error)
+}
+
+type registrarPeersClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewRegistrarPeersClient(cc grpc.ClientConnInterface) RegistrarPeersClient {
+	return &registrarPeersClient{cc}
+}
+
+func (c *registrarPeersClient) PeerWatch(ctx context.Context, in *PeerWatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PeerWrites], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &RegistrarPeers_ServiceDesc.Streams[0], RegistrarPeers_PeerWatch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PeerWatchRequest, PeerWrites]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RegistrarPeers_PeerWatchClient = grpc.ServerStreamingClient[PeerWrites]
+
+// RegistrarPeersServer is the server API for RegistrarPeers service.
+// All implementations must embed UnimplementedRegistrarPeersServer
+// for forward compatibility.
+//
+// RegistrarPeers is peer-watch: the replicas of one cluster tell each other
+// the writes their clients make, as they are applied, without waiting for
+// the write-behind flush and the backend's change feed. A replica opens
+// PeerWatch on each other replica it finds through the backend's member
+// records and applies what arrives to its snapshot. The backend stays the
+// source of truth: its later report of the same write is recognised by the
+// write's stamp and changes nothing, and its backstop repairs a peer write
+// that never reached it. With mTLS on, only registrar (server) identities
+// may open the stream.
+type RegistrarPeersServer interface {
+	PeerWatch(*PeerWatchRequest, grpc.ServerStreamingServer[PeerWrites]) error
+	mustEmbedUnimplementedRegistrarPeersServer()
+}
+
+// UnimplementedRegistrarPeersServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedRegistrarPeersServer struct{}
+
+func (UnimplementedRegistrarPeersServer) PeerWatch(*PeerWatchRequest, grpc.ServerStreamingServer[PeerWrites]) error {
+	return status.Error(codes.Unimplemented, "method PeerWatch not implemented")
+}
+func (UnimplementedRegistrarPeersServer) mustEmbedUnimplementedRegistrarPeersServer() {}
+func (UnimplementedRegistrarPeersServer) testEmbeddedByValue()                        {}
+
+// UnsafeRegistrarPeersServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to RegistrarPeersServer will
+// result in compilation errors.
+type UnsafeRegistrarPeersServer interface {
+	mustEmbedUnimplementedRegistrarPeersServer()
+}
+
+func RegisterRegistrarPeersServer(s grpc.ServiceRegistrar, srv RegistrarPeersServer) {
+	// If the following call panics, it indicates UnimplementedRegistrarPeersServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&RegistrarPeers_ServiceDesc, srv)
+}
+
+func _RegistrarPeers_PeerWatch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(PeerWatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(RegistrarPeersServer).PeerWatch(m, &grpc.GenericServerStream[PeerWatchRequest, PeerWrites]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type RegistrarPeers_PeerWatchServer = grpc.ServerStreamingServer[PeerWrites]
+
+// RegistrarPeers_ServiceDesc is the grpc.ServiceDesc for RegistrarPeers service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var RegistrarPeers_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "aether.registrar.v1.RegistrarPeers",
+	HandlerType: (*RegistrarPeersServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "PeerWatch",
+			Handler:       _RegistrarPeers_PeerWatch_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "aether/registrar/v1/registrar.proto",
+}

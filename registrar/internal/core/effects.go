@@ -18,6 +18,12 @@ type Effects struct {
 	// Sweep asks for the ghost sweep: a node record went away, so its
 	// endpoints may have become ghosts.
 	Sweep bool
+	// Peer are the local writes just acknowledged, for peer-watch to
+	// stream to the other replicas (in acknowledgement order).
+	Peer []PeerWrite
+	// PeerApplied counts peer writes applied; Echoes counts backend
+	// reports recognised as the echo of a peer write (metrics).
+	PeerApplied, Echoes int
 }
 
 // Add merges o into e, keeping the events in order.
@@ -25,6 +31,9 @@ func (e *Effects) Add(o Effects) {
 	e.Events = append(e.Events, o.Events...)
 	e.Flush = e.Flush || o.Flush
 	e.Sweep = e.Sweep || o.Sweep
+	e.Peer = append(e.Peer, o.Peer...)
+	e.PeerApplied += o.PeerApplied
+	e.Echoes += o.Echoes
 }
 
 // event is Effects of one event (nil: none).

@@ -2,6 +2,7 @@ package core
 
 import (
 	"math"
+	"time"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
@@ -75,8 +76,12 @@ func (t *relistTrack) newerNode(id registry.NodeID, rev int64) bool {
 // (tracking keeps the listing exact across them, as above), and the
 // listing's own events go out as they are found.
 type ListingApply struct {
-	l         backend.Listing
-	Scope     Scope // the services to reconcile; nil: all
+	l     backend.Listing
+	Scope Scope // the services to reconcile; nil: all
+	// Started is when the listing's read began: a provisional peer write
+	// applied less than PeerGrace before it is left alone (peer.go).
+	// Zero leaves every provisional write alone.
+	Started   time.Time
 	track     *relistTrack
 	byService map[string][]listed
 	services  []string // the listing's services, then the snapshot's others
@@ -167,7 +172,7 @@ func (s *State) reconcileService(svc string, eps []listed, a *ListingApply) []*r
 	for _, e := range eps {
 		id := registry.IDOf(e.ep)
 		seen[id] = struct{}{}
-		if s.guarded(id, rev) || a.track.newerEndpoint(id, rev) {
+		if s.guarded(id, rev) || a.track.newerEndpoint(id, rev) || s.peerGuarded(id, a) {
 			continue
 		}
 		if s.Get(id) == e.ep {
@@ -184,7 +189,7 @@ func (s *State) reconcileService(svc string, eps []listed, a *ListingApply) []*r
 	}
 	var gone []registry.EndpointID
 	for id := range s.endpoints[svc] {
-		if _, ok := seen[id]; !ok && !s.guarded(id, rev) && !a.track.newerEndpoint(id, rev) {
+		if _, ok := seen[id]; !ok && !s.guarded(id, rev) && !a.track.newerEndpoint(id, rev) && !s.peerGuarded(id, a) {
 			gone = append(gone, id)
 		}
 	}
@@ -240,6 +245,7 @@ func (s *State) finishListing(a *ListingApply) {
 		}
 	}
 	s.nodes, s.nodeRev = nodes, revs
+	s.finishPeer(a)
 	s.advance(rev)
 	if s.track == t {
 		s.track = nil

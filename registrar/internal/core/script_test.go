@@ -75,7 +75,8 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 	switch d.Cmd {
 	case "init":
 		h.cfg = Config{Epoch: "e1", HistorySize: intArg(t, d, "history", 100), QueueLimit: intArg(t, d, "queue", 100),
-			MaxPerNode: intArg(t, d, "max-per-node", 0), FlushAtBatch: intArg(t, d, "batch", 100)}
+			MaxPerNode: intArg(t, d, "max-per-node", 0), FlushAtBatch: intArg(t, d, "batch", 100),
+			PeerGrace: durArg(t, d, "peer-grace", 0)}
 		if d.HasArg("epoch") {
 			d.ScanArgs(t, "epoch", &h.cfg.Epoch)
 		}
@@ -161,8 +162,39 @@ func (h *harness) run(t *testing.T, d *datadriven.TestData) string {
 	case "listing":
 		// A full listing of the backend at rev: read with the watch
 		// stopped (start-up, a lost watch, poll mode), or in the
-		// background after track.
-		h.effects(p, h.s.ApplyListing(h.listing(t, d)))
+		// background after track; started=DUR is when its read began
+		// (peer-watch's grace counts from it).
+		if !d.HasArg("started") {
+			h.effects(p, h.s.ApplyListing(h.listing(t, d)))
+			break
+		}
+		a := NewListingApply(h.listing(t, d))
+		a.Started = scriptT0.Add(durArg(t, d, "started", 0))
+		if !h.s.BeginListing(a) {
+			p("  ignored")
+			break
+		}
+		eff, _ := h.s.StepListing(a, math.MaxInt)
+		h.effects(p, eff)
+	case "peer":
+		// Writes a peer replica streamed: "put service/ip stamp=HLC:WRITER
+		// [attrs]" or "delete service/ip stamp=HLC:WRITER".
+		var ws []PeerWrite
+		for _, line := range lines(d.Input) {
+			op, rest, _ := strings.Cut(line, " ")
+			ep := parseEP(t, d, rest)
+			switch op {
+			case "put":
+				ws = append(ws, PeerWrite{Endpoint: ep, Stamp: ep.Stamp})
+			case "delete":
+				ws = append(ws, PeerWrite{Endpoint: ep, Deleted: true, Stamp: ep.Stamp})
+			default:
+				d.Fatalf(t, "peer: unknown write %q", op)
+			}
+		}
+		eff := h.s.ApplyPeer(ws, h.now)
+		h.effects(p, eff)
+		p("  applied %d, provisional %d", eff.PeerApplied, h.s.Provisional())
 	case "track":
 		// A background listing is about to be read: note the watch's
 		// changes from now on (untrack: the listing failed).
@@ -271,6 +303,9 @@ func (h *harness) effects(p func(string, ...any), eff Effects) {
 	}
 	if eff.Sweep {
 		p("  wake the sweep")
+	}
+	if eff.Echoes > 0 {
+		p("  echoes %d", eff.Echoes)
 	}
 	if len(evs) == 0 && !eff.Flush && !eff.Sweep {
 		p("  no change")
@@ -673,6 +708,7 @@ func parseEP(t *testing.T, d *datadriven.TestData, line string) *registryv1.Serv
 	}
 	ep := &registryv1.ServiceEndpoint{Service: svc, Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: ip,
 		Ports: []*registryv1.Port{{Port: 80}}, Region: "r", Cluster: "c"}
+	var stamp *registryv1.WriteStamp // normalization drops a stamp: set after
 	for _, kv := range f[1:] {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
@@ -692,6 +728,13 @@ func parseEP(t *testing.T, d *datadriven.TestData, line string) *registryv1.Serv
 			ep.Cluster = v
 		case "region":
 			ep.Region = v
+		case "stamp":
+			hlc, writer, _ := strings.Cut(v, ":")
+			n, err := strconv.ParseUint(hlc, 10, 64)
+			if err != nil {
+				d.Fatalf(t, "stamp %q: %v", v, err)
+			}
+			stamp = &registryv1.WriteStamp{Hlc: n, Writer: writer}
 		case "mod", "at", "rev", "as":
 		default:
 			d.Fatalf(t, "endpoint %q: unknown attribute %q", f[0], k)
@@ -703,6 +746,9 @@ func parseEP(t *testing.T, d *datadriven.TestData, line string) *registryv1.Serv
 	}
 	if n.CreatedAt == nil {
 		n.CreatedAt = timestamppb.New(scriptT0)
+	}
+	if stamp != nil {
+		n.Stamp = stamp
 	}
 	return n
 }

@@ -113,6 +113,17 @@ type State struct {
 	// round trip, never correctness, so it is kept only where cheap to
 	// know.
 	base map[registry.EndpointID]baseRev
+
+	// peer are provisional writes from peer-watch, not yet confirmed by
+	// the backend (peer.go); peerFloor, per key, the stamp of a value a
+	// backend deletion removed since the last backstop listing: a peer
+	// write no newer than it is stale. peerGrace is how long a peer write is
+	// given to reach the backend before a listing may judge it.
+	peer      map[registry.EndpointID]peerWrite
+	peerFloor map[registry.EndpointID]*registryv1.WriteStamp
+	// peerFloorOld are the floors of the previous backstop interval.
+	peerFloorOld map[registry.EndpointID]*registryv1.WriteStamp
+	peerGrace    time.Duration
 }
 
 // baseRev is what the backend was last seen to hold for a key: the key's
@@ -182,6 +193,9 @@ type Config struct {
 	QueueLimit   int    // --write-queue-limit: endpoints with unpersisted writes
 	MaxPerNode   int    // --max-endpoints-per-node (0: unlimited)
 	FlushAtBatch int    // --write-batch-size: pending writes that ask for a flush at once
+	// PeerGrace is how long a peer-watch write is given to reach the
+	// backend before a backstop listing may remove or correct it.
+	PeerGrace time.Duration
 }
 
 // New is an empty State.
@@ -202,6 +216,10 @@ func New(c Config) *State {
 		nodes:         map[registry.NodeID]*registryv1.Node{},
 		nodeFlushed:   map[registry.NodeID]int64{},
 		base:          map[registry.EndpointID]baseRev{},
+		peer:          map[registry.EndpointID]peerWrite{},
+		peerFloor:     map[registry.EndpointID]*registryv1.WriteStamp{},
+		peerFloorOld:  map[registry.EndpointID]*registryv1.WriteStamp{},
+		peerGrace:     c.PeerGrace,
 	}
 }
 
@@ -341,13 +359,17 @@ func (s *State) Register(ep *registryv1.ServiceEndpoint, now time.Time) (*regist
 	}
 	ep.Stamp = s.stamp(prev, now)
 	s.queue.put(id, ep, now)
+	delete(s.peer, id) // a local write supersedes a provisional one
+	peer := []PeerWrite{{Endpoint: ep, Stamp: ep.Stamp}}
 	if same {
 		ep.UpdatedAt = prev.UpdatedAt
 		s.endpoints[id.Service][id] = ep
 		delete(s.epRev, id)
-		return ep, s.queued(Effects{}), nil
+		return ep, s.queued(Effects{Peer: peer}), nil
 	}
-	return ep, s.queued(event(s.set(id, ep))), nil
+	e := event(s.set(id, ep))
+	e.Peer = peer
+	return ep, s.queued(e), nil
 }
 
 // queued adds to the effects of a write just queued whether the flusher
@@ -384,7 +406,10 @@ func (s *State) Unregister(id registry.EndpointID, now time.Time) (*registryv1.W
 	}
 	st := s.stamp(prev, now)
 	s.queue.del(id, st, now)
-	return st, s.queued(event(s.set(id, nil))), nil
+	delete(s.peer, id)
+	e := event(s.set(id, nil))
+	e.Peer = []PeerWrite{{Endpoint: prev, Deleted: true, Stamp: st}}
+	return st, s.queued(e), nil
 }
 
 // Adopt takes into the snapshot a value read from the backend outside the
@@ -420,12 +445,28 @@ func (s *State) ApplyWatch(bs ...backend.WatchBatch) Effects {
 func (s *State) applyWatch(b backend.WatchBatch) Effects {
 	var evs []*registrarv1.EndpointEvent
 	sweep := false
+	echoes := 0
 	for _, e := range b.Events {
 		s.noteEndpoint(e.ID, e.Revision)
 		s.noteWatched(e)
 		s.observe(e.Endpoint)
 		if e.Revision <= s.backendRv || s.guarded(e.ID, e.Revision) {
 			continue
+		}
+		switch s.peerReport(e) {
+		case peerEcho:
+			echoes++
+			if ev := s.applyEcho(e); ev != nil {
+				evs = append(evs, ev)
+			}
+			continue
+		case peerStale:
+			continue
+		}
+		if e.Endpoint == nil {
+			if st := s.Get(e.ID).GetStamp(); st != nil {
+				s.peerFloor[e.ID] = st
+			}
 		}
 		if ev := s.setAt(e.ID, e.Endpoint, e.Revision); ev != nil {
 			evs = append(evs, ev)
@@ -440,7 +481,7 @@ func (s *State) applyWatch(b backend.WatchBatch) Effects {
 		s.setNode(n.ID, n.Node, n.Revision)
 	}
 	s.advance(b.Revision)
-	return Effects{Events: evs, Sweep: sweep}
+	return Effects{Events: evs, Sweep: sweep, Echoes: echoes}
 }
 
 // setNode stores or removes (n == nil) a node record written at rev (0:
