@@ -155,3 +155,50 @@ func TestPropagationLatency(t *testing.T) {
 		t.Errorf("A measured %d propagation samples of its own write", n)
 	}
 }
+
+// TestOverviewClusterReplicas: with --peer-watch, each replica's overview
+// lists the cluster's other replica (found through its member record) with
+// its peer-watch stream connected and the writes received from it; the page
+// and `aether status` show the row. Without --peer-watch there is no
+// replicas section.
+func TestOverviewClusterReplicas(t *testing.T) {
+	etcd := etcdtest.Start(t)
+	o := server.Config{EtcdEndpoints: etcd.Endpoints(), Options: registrar.Options{ClusterName: "c1", Region: "eu-west",
+		PeerWatch: true, PeerDiscoveryInterval: 100 * time.Millisecond, PeerMemberTTL: 2 * time.Second}}
+	a, b := regtest.Start(t, o), regtest.Start(t, o)
+	aEpoch := a.Registrar().Version().Epoch
+	var ov console.Overview
+	wait.ForState(t, "B lists A, connected", 20*time.Second, func() (bool, string) {
+		ov = overview(t, "http://"+b.HTTPAddr())
+		p := ov.Replicas.Peers
+		return ov.Replicas.PeerWatch && len(p) == 1 && p[0].Epoch == aEpoch && p[0].Connected, fmt.Sprintf("%+v", ov.Replicas)
+	})
+	// A write on A once its stream to B is open reaches B through it.
+	if _, _, err := a.Registrar().Register(regtest.EP("web", "10.0.0.1", 8080)); err != nil {
+		t.Fatal(err)
+	}
+	wait.ForState(t, "B counts the write it received from A", 20*time.Second, func() (bool, string) {
+		ov = overview(t, "http://"+b.HTTPAddr())
+		p := ov.Replicas.Peers
+		return ov.Replicas.PeerWatch && len(p) == 1 && p[0].Epoch == aEpoch && p[0].Connected && p[0].Writes == 1,
+			fmt.Sprintf("%+v", ov.Replicas)
+	})
+	addr := ov.Replicas.Peers[0].Addr
+
+	ctx := browser(t, time.Minute)
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://"+b.HTTPAddr()+"/ui/")); err != nil {
+		t.Fatal(err)
+	}
+	waitPage(t, ctx, "replica row", liveBound, text("#replicas tbody tr td:nth-child(1)"), addr)
+	waitPage(t, ctx, "replica connected", liveBound, text("#replicas tbody tr td:nth-child(3)"), "connected")
+
+	out := aether(t, "status", "--http-addr="+b.HTTPAddr())
+	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(addr) + ` +` + regexp.QuoteMeta(aEpoch) + ` +connected +1$`).MatchString(out) {
+		t.Errorf("aether status shows no connected replica row for %s:\n%s", addr, out)
+	}
+
+	plain := plane(t)
+	if ov := overview(t, "http://"+plain.HTTPAddr()); ov.Replicas.PeerWatch || len(ov.Replicas.Peers) != 0 {
+		t.Errorf("without --peer-watch: replicas %+v, want none", ov.Replicas)
+	}
+}

@@ -19,14 +19,17 @@ import (
 
 // Overview is the whole plane as this replica sees it.
 type Overview struct {
-	Replica     Replica       `json:"replica"`
-	Checks      []Check       `json:"checks"`
-	Backend     Backend       `json:"backend"`
-	Totals      Totals        `json:"totals"`
-	Regions     []Region      `json:"regions"`
-	Replication Replication   `json:"replication"`
-	XDS         XDSSummary    `json:"xds"`
-	Events      EventsSummary `json:"events"`
+	Replica     Replica     `json:"replica"`
+	Checks      []Check     `json:"checks"`
+	Backend     Backend     `json:"backend"`
+	Totals      Totals      `json:"totals"`
+	Regions     []Region    `json:"regions"`
+	Replication Replication `json:"replication"`
+	// Replicas are the other registrars of this cluster, as peer-watch
+	// finds them through the backend (empty without --peer-watch).
+	Replicas Replicas      `json:"replicas"`
+	XDS      XDSSummary    `json:"xds"`
+	Events   EventsSummary `json:"events"`
 	// Propagation is measured only while a page is open (the console
 	// then follows the replica's event stream; see Console).
 	Propagation PropagationSummary `json:"propagation"`
@@ -96,6 +99,21 @@ type Cluster struct {
 	Serving   int    `json:"serving"`
 	Draining  int    `json:"draining"`
 	Nodes     int    `json:"nodes"`
+}
+
+// Replicas is this cluster's other registrars (peer-watch's members).
+type Replicas struct {
+	PeerWatch bool          `json:"peer_watch"`
+	Peers     []ReplicaPeer `json:"peers,omitempty"`
+}
+
+// ReplicaPeer is one other registrar of the cluster.
+type ReplicaPeer struct {
+	Addr      string    `json:"addr"`
+	Epoch     string    `json:"epoch"`
+	Connected bool      `json:"connected"`
+	Since     time.Time `json:"since"`
+	Writes    uint64    `json:"writes_received"`
 }
 
 // Replication is the multi-region replicator's view of its peers.
@@ -258,6 +276,10 @@ func (c *Console) overview() Overview {
 	if c.cfg.Replication != nil {
 		peers, on := c.cfg.Replication()
 		ov.Replication = replication(peers, on)
+	}
+	ov.Replicas.PeerWatch = r.Options().PeerWatch
+	for _, p := range r.Peers() {
+		ov.Replicas.Peers = append(ov.Replicas.Peers, ReplicaPeer{Addr: p.Addr, Epoch: p.Epoch, Connected: p.Connected, Since: p.Since, Writes: p.Writes})
 	}
 	if c.cfg.XDS != nil {
 		ov.XDS = xdsSummary(c.cfg.XDS())

@@ -270,6 +270,7 @@ func (r *Registrar) runPeerDiscovery(ctx context.Context, members backend.Member
 				}
 				live[m] = true
 				if _, ok := conns[m]; !ok {
+					r.peerView.found(m, r.now())
 					pctx, pcancel := context.WithCancel(ctx)
 					c := conn{cancel: pcancel, done: make(chan struct{})}
 					conns[m] = c
@@ -281,6 +282,7 @@ func (r *Registrar) runPeerDiscovery(ctx context.Context, members backend.Member
 					c.cancel()
 					<-c.done
 					delete(conns, m)
+					r.peerView.gone(m)
 				}
 			}
 		}
@@ -339,6 +341,7 @@ func (r *Registrar) peerStream(ctx context.Context, client registrarv1.Registrar
 		if err != nil {
 			if !first {
 				r.metrics.peer.connected.Dec()
+				r.peerView.connected(m, false, r.now())
 			}
 			return got, err
 		}
@@ -347,18 +350,21 @@ func (r *Registrar) peerStream(ctx context.Context, client registrarv1.Registrar
 			// record brings it in.
 			if !first {
 				r.metrics.peer.connected.Dec()
+				r.peerView.connected(m, false, r.now())
 			}
 			return got, fmt.Errorf("peer at %s is %s, not %s", m.Addr, msg.GetEpoch(), m.Epoch)
 		}
 		if first {
 			first = false
 			r.metrics.peer.connected.Inc()
+			r.peerView.connected(m, true, r.now())
 		}
 		got = true
 		ws := r.fromWire(msg.GetWrites())
 		if len(ws) == 0 {
 			continue
 		}
+		r.peerView.received(m, len(ws))
 		r.mu.Lock()
 		r.act(r.st.ApplyPeer(ws, r.now()))
 		r.mu.Unlock()

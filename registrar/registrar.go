@@ -84,6 +84,9 @@ type Registrar struct {
 	peerHub  *peerHub
 	peerAddr string
 	peerTLS  *tls.Config
+	// peerView is the other replicas as discovery and their streams know
+	// them (peerview.go), for Peers.
+	peerView peerView
 }
 
 // New builds a registrar over a store. Call Start to load the snapshot.

@@ -159,6 +159,12 @@ function overviewView(ov) {
         td(p.is_leader ? "this replica" : (p.leader || "-")), num(secs(p.lag_seconds)), num(secs(p.lease_ttl_remaining_seconds)),
         num(p.keys_mirrored), td(p.last_error || "")))));
   }
+  if (ov.replicas.peer_watch) {
+    parts.push(el("h3", {}, "Replicas of this cluster"), table("replicas",
+      ["address", "epoch", "peer-watch stream", "since", "writes received"],
+      (ov.replicas.peers || []).map(p => el("tr", { "data-addr": p.addr }, td(p.addr), td(p.epoch),
+        td(p.connected ? "connected" : "not connected"), td(p.since), num(p.writes_received)))));
+  }
   if (ov.xds.enabled) {
     parts.push(el("h3", {}, "xDS"), el("div", { class: "card", id: "xds-summary" },
       `${ov.xds.clients} clients: ${ov.xds.synced} synced, ${ov.xds.stale} stale, ${ov.xds.nacked} nacked`));

@@ -185,6 +185,21 @@ func writeStatus(w io.Writer, ov *console.Overview) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
+	if ov.Replicas.PeerWatch {
+		fmt.Fprintln(w)
+		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "REPLICA\tEPOCH\tPEER-WATCH\tWRITES RECEIVED")
+		for _, p := range ov.Replicas.Peers {
+			stream := "not connected"
+			if p.Connected {
+				stream = "connected"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\n", p.Addr, p.Epoch, stream, p.Writes)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	if ov.Replication.Enabled {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
