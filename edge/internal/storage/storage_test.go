@@ -309,8 +309,21 @@ func TestSecondOpenFailsWhileHeld(t *testing.T) {
 }
 
 // crashChildEnv names the data dir in which the re-executed test binary
-// appends until it is killed.
-const crashChildEnv = "AETHER_STORAGE_CRASH_CHILD"
+// appends until it is killed; crashModeEnv its flush policy.
+const (
+	crashChildEnv = "AETHER_STORAGE_CRASH_CHILD"
+	crashModeEnv  = "AETHER_STORAGE_CRASH_MODE"
+)
+
+// crashModes are the flush policies the kill lands in: the default;
+// never flushing (the kill comes between WAL and bbolt for every batch);
+// flushing and rotating all the time (the kill lands inside flushes, between
+// a flush's commit and its segment removal, in rotations).
+var crashModes = map[string]options{
+	"default": defaultOptions,
+	"walonly": walOnly,
+	"churn":   {flushEvery: time.Millisecond, flushRecords: 50, flushBytes: 1 << 20, segmentBytes: 4096},
+}
 
 // TestCrashLosesNothingAcknowledged kills a process with SIGKILL while it
 // appends as fast as it can, then checks that every batch whose Append
@@ -318,13 +331,19 @@ const crashChildEnv = "AETHER_STORAGE_CRASH_CHILD"
 // was written: no torn record, no gap, no half batch.
 func TestCrashLosesNothingAcknowledged(t *testing.T) {
 	if dir := os.Getenv(crashChildEnv); dir != "" {
-		crashChild(dir)
+		crashChild(dir, crashModes[os.Getenv(crashModeEnv)])
 		return
 	}
+	for _, mode := range []string{"default", "walonly", "churn"} {
+		t.Run(mode, func(t *testing.T) { testCrash(t, mode) })
+	}
+}
+
+func testCrash(t *testing.T, mode string) {
 	for round := 0; round < 3; round++ {
 		dir := t.TempDir()
 		cmd := exec.Command(os.Args[0], "-test.run=^TestCrashLosesNothingAcknowledged$")
-		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir)
+		cmd.Env = append(os.Environ(), crashChildEnv+"="+dir, crashModeEnv+"="+mode)
 		out, err := cmd.StdoutPipe()
 		if err != nil {
 			t.Fatal(err)
@@ -401,8 +420,8 @@ func isBatchBoundary(n uint64) bool {
 	}
 }
 
-func crashChild(dir string) {
-	l, err := Open(dir)
+func crashChild(dir string, opts options) {
+	l, err := open(dir, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		os.Exit(1)
