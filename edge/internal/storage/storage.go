@@ -16,18 +16,31 @@
 //     records after it. (The core has no snapshot encoding yet, so the
 //     server does not checkpoint today and the log keeps every change.)
 //
-// Append writes a batch of records in one bbolt read-write transaction, and
-// bbolt fsyncs on every commit. That is the group commit primitive: the
-// server collects the changes of many concurrent requests, appends them in
-// one call, and acknowledges all of them once it returns nil. A crash before
-// the commit loses the whole batch and nothing acknowledged; bbolt's
-// two-meta-page commit never leaves half a transaction visible.
+// Append is the group commit primitive: the server collects the changes of
+// many concurrent requests, appends them in one call, and acknowledges all
+// of them once it returns nil. It costs one write and one fdatasync: the
+// batch goes, as one CRC32C-checked frame, to a write-ahead log beside the
+// bbolt file (segments edge.db.wal.N), etcd's own shape. A background
+// flusher then commits the pending records to bbolt, in one fsync'd
+// transaction per 100 ms (or per 10,000 records), and removes the WAL
+// segments bbolt then holds; until then Load and IndexOfRevision serve them
+// from memory. bbolt keeps fsyncing every commit (not NoSync): its meta
+// page checksum covers only the meta page, so an unsynced commit could, on
+// power loss, leave a valid newest meta over pages never written.
 //
-// Why bbolt and not pebble: the log is one file (simple to back up, move and
+// Recovery (Open) replays bbolt's records, then the WAL's beyond bbolt's
+// last index (a crash between a flush's commit and the removal of its
+// segments leaves records in both; the index tells them apart), commits
+// them to bbolt and starts a fresh segment. A frame that does not check out
+// ends the log when nothing valid follows it: a torn last write, whose
+// Append never returned. Damage with valid frames after it is an error
+// naming the file: acknowledged batches lie beyond it, and recovery does not
+// guess. A crash thus loses no acknowledged batch and never half a batch.
+//
+// Why bbolt and not pebble: the log is one file and a short WAL (simple to back up, move and
 // defragment); bbolt is already in the module graph through etcd, so it adds
-// no dependency; a transaction is the unit of fsync, which is exactly the
-// group commit the server needs, without a separate WAL and its sync
-// policy; and it is what etcd itself stores its backend in, so its behaviour
+// no dependency; its transactions make the flush and the checkpoint atomic;
+// and it is what etcd itself stores its backend in, so its behaviour
 // under crashes and its tooling (bbolt check, bbolt compact) are known. An
 // LSM's write throughput advantage matters little here: every write is one
 // small append of an already-encoded change.
@@ -46,7 +59,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// FileName is the bbolt file inside the data directory.
+// FileName is the bbolt file inside the data directory; the write-ahead
+// log's segments are beside it, named FileName+".wal."+sequence.
 const FileName = "edge.db"
 
 // Record is one applied change as stored.
@@ -78,28 +92,186 @@ const recordHeader = 1 + 8 + 32
 // ErrClosed is returned by every method of a closed Log.
 var ErrClosed = errors.New("storage: log is closed")
 
-// Log is the durable change log. Its methods are safe for concurrent use.
-type Log struct {
-	path string
+// options are the flush policy; tests shrink or disable it.
+type options struct {
+	flushEvery   time.Duration // 0: no periodic flush (tests)
+	flushRecords int           // pending records that start a flush early
+	flushBytes   int           // pending change bytes that start a flush early
+	segmentBytes int64         // a segment this large is rotated at the next flush
 
-	// mu guards db: Defragment replaces it (write lock); every other
-	// method uses it under the read lock. bbolt serializes the writers.
-	mu sync.RWMutex
-	db *bolt.DB
+	// afterCommit, when set, runs after a flush's bbolt commit and before
+	// the flushed segments are removed; an error stops the flush there,
+	// as a crash at that point would.
+	afterCommit func() error
 }
 
-// Open opens the log in dir, creating dir and the file when missing.
-func Open(dir string) (*Log, error) {
+// defaultOptions: etcd commits its backend every 100 ms or 10,000 writes.
+var defaultOptions = options{
+	flushEvery:   100 * time.Millisecond,
+	flushRecords: 10000,
+	flushBytes:   16 << 20,
+	segmentBytes: 16 << 20,
+}
+
+// segment is a rotated WAL segment: every record in it has an index up to
+// last, so it can go once bbolt holds last.
+type segment struct{ seq, last uint64 }
+
+// Log is the durable change log. Its methods are safe for concurrent use.
+type Log struct {
+	dir, path string
+	opts      options
+
+	// mu guards db: Defragment and Close replace it (write lock); every
+	// other method uses it under the read lock. bbolt serializes the
+	// writers.
+	mu sync.RWMutex
+	db *bolt.DB
+
+	// flushMu serializes flushes: the segment bookkeeping assumes one at a
+	// time. Order: mu, flushMu, walMu.
+	flushMu sync.Mutex
+
+	// walMu guards the WAL and the records it holds that bbolt does not yet.
+	walMu     sync.Mutex
+	wal       *os.File
+	walSeq    uint64
+	walOff    int64
+	rotated   []segment        // older segments, not yet removable
+	tail      []Record         // in the WAL, not yet in bbolt, in index order; never modified in place
+	tailRevs  map[int64]uint64 // rev -> index for tail
+	tailBytes int
+	last      uint64 // the last index appended (or checkpointed)
+	failed    error  // sticky: after a failed write the WAL's state is unknown
+
+	kick      chan struct{}
+	stop      chan struct{}
+	stopOnce  sync.Once
+	flushDone chan struct{}
+}
+
+// Open opens the log in dir, creating dir and the file when missing, and
+// recovers: bbolt's records, then the write-ahead log's beyond them, which
+// it commits to bbolt before it returns.
+func Open(dir string) (*Log, error) { return open(dir, defaultOptions) }
+
+func open(dir string, opts options) (*Log, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("storage: create data dir: %w", err)
 	}
-	l := &Log{path: filepath.Join(dir, FileName)}
+	l := &Log{
+		dir: dir, path: filepath.Join(dir, FileName), opts: opts,
+		tailRevs:  map[int64]uint64{},
+		kick:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		flushDone: make(chan struct{}),
+	}
 	db, err := openDB(l.path)
 	if err != nil {
 		return nil, err
 	}
 	l.db = db
+	if err := l.recover(); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	go l.flusher()
 	return l, nil
+}
+
+// recover replays the WAL segments into bbolt: the records past bbolt's
+// last index (those before it are in both when a crash came between a
+// flush's commit and the removal of its segments). A torn frame at the end
+// of the last segment is a batch whose Append never returned; it goes with
+// the segments, which are removed once bbolt's synced commit holds their
+// records. Damage before valid frames is an error naming the file.
+func (l *Log) recover() error {
+	last, err := l.dbLast()
+	if err != nil {
+		return err
+	}
+	seqs, err := listSegments(l.dir)
+	if err != nil {
+		return fmt.Errorf("storage: list write-ahead log: %w", err)
+	}
+	var recs []Record
+	for i, seq := range seqs {
+		name := filepath.Join(l.dir, segmentName(seq))
+		data, err := os.ReadFile(name)
+		if err != nil {
+			return fmt.Errorf("storage: read write-ahead log: %w", err)
+		}
+		valid, err := scanSegment(name, data, func(batch []Record) error {
+			for _, r := range batch {
+				if r.Index <= last {
+					continue // bbolt has it
+				}
+				if n := len(recs); n > 0 && r.Index <= recs[n-1].Index {
+					return fmt.Errorf("%w: record index %d is not after %d", errCorrupt, r.Index, recs[n-1].Index)
+				}
+				recs = append(recs, r)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("storage: recover: %w", err)
+		}
+		if valid < len(data) && i != len(seqs)-1 {
+			// Only the newest segment is written to; a torn frame in an
+			// older one is damage, with later batches behind it.
+			return fmt.Errorf("storage: recover: %w %s: damaged at offset %d, before the newer segment %s",
+				errCorrupt, name, valid, segmentName(seqs[len(seqs)-1]))
+		}
+	}
+	if len(recs) > 0 {
+		if err := l.db.Update(func(tx *bolt.Tx) error { return putRecords(tx, recs) }); err != nil {
+			return fmt.Errorf("storage: recover %d records from the write-ahead log: %w", len(recs), err)
+		}
+		last = recs[len(recs)-1].Index
+	}
+	// bbolt's commit is fsync'd: the segments are redundant now.
+	for _, seq := range seqs {
+		if err := os.Remove(filepath.Join(l.dir, segmentName(seq))); err != nil {
+			return fmt.Errorf("storage: remove replayed write-ahead log: %w", err)
+		}
+	}
+	next := uint64(1)
+	if len(seqs) > 0 {
+		next = seqs[len(seqs)-1] + 1
+	}
+	// Creating it syncs the directory, which makes the removals durable
+	// too: a torn tail cannot come back behind the new segment.
+	f, err := createSegment(l.dir, next)
+	if err != nil {
+		return fmt.Errorf("storage: %w", err)
+	}
+	l.wal, l.walSeq, l.last = f, next, last
+	return nil
+}
+
+// dbLast is bbolt's last index: the last record's, or the checkpoint's when
+// the checkpoint took every record.
+func (l *Log) dbLast() (uint64, error) {
+	var last uint64
+	err := l.db.View(func(tx *bolt.Tx) error {
+		last = lastIndex(tx)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("storage: read last index: %w", err)
+	}
+	return last, nil
+}
+
+func lastIndex(tx *bolt.Tx) uint64 {
+	var last uint64
+	if v := tx.Bucket(bucketMeta).Get(metaSnapshotIndex); v != nil {
+		last = binary.BigEndian.Uint64(v)
+	}
+	if k, _ := tx.Bucket(bucketChanges).Cursor().Last(); k != nil {
+		last = max(last, binary.BigEndian.Uint64(k))
+	}
+	return last
 }
 
 func openDB(path string) (*bolt.DB, error) {
@@ -111,6 +283,11 @@ func openDB(path string) (*bolt.DB, error) {
 	// server does anyway. InitialMmapSize: growing the file inside the
 	// mapping needs no remap, and a remap makes a commit wait for every
 	// open read transaction (etcd maps 10 GiB up front for the same reason).
+	// Not NoSync: bbolt's meta checksum covers only the meta page, so
+	// without the fsync between data pages and meta a power loss can leave
+	// a valid newest meta over unwritten pages, and a commit can reuse the
+	// pages of the last durable tree before it is superseded. Every bbolt
+	// commit stays fsync'd; the WAL takes them off the acknowledgement path.
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:         2 * time.Second,
 		FreelistType:    bolt.FreelistMapType,
@@ -135,11 +312,42 @@ func openDB(path string) (*bolt.DB, error) {
 	return db, nil
 }
 
-// Append stores recs in one transaction and returns once it is fsync'd.
+// putRecords stores recs, which follow bbolt's last index, in tx.
+func putRecords(tx *bolt.Tx, recs []Record) error {
+	changes, revs := tx.Bucket(bucketChanges), tx.Bucket(bucketRevs)
+	// Keys only grow, so full pages pack the file instead of leaving
+	// every page half empty for inserts that never come.
+	changes.FillPercent, revs.FillPercent = 1, 1
+	last := lastIndex(tx)
+	for i := range recs {
+		r := &recs[i]
+		if r.Index <= last {
+			return fmt.Errorf("record index %d is not after %d", r.Index, last)
+		}
+		last = r.Index
+		key := u64(r.Index)
+		if err := changes.Put(key, encodeRecord(r)); err != nil {
+			return fmt.Errorf("put record %d: %w", r.Index, err)
+		}
+		if r.Rev != 0 {
+			if err := revs.Put(u64(uint64(r.Rev)), key); err != nil {
+				return fmt.Errorf("put revision %d: %w", r.Rev, err)
+			}
+		}
+	}
+	return nil
+}
+
+// Append stores recs and returns once they are durable: one frame written
+// to the write-ahead log and one fdatasync, the group commit primitive.
+// bbolt gets them at the next flush (at most flushEvery later); Load and
+// IndexOfRevision see them at once.
 // Indexes must be strictly increasing, within the batch and after every
 // stored record: the log is append-only, and a gap in the order would make
 // replay apply changes in a different order than they were acknowledged.
-// On error nothing of the batch is stored.
+// On a refused batch nothing of it is stored. After a failed write or
+// sync every later Append fails too: the WAL's state on disk is unknown
+// (and a retried fsync may report success for lost data).
 func (l *Log) Append(recs []Record) error {
 	if len(recs) == 0 {
 		return nil
@@ -149,45 +357,169 @@ func (l *Log) Append(recs []Record) error {
 	if l.db == nil {
 		return ErrClosed
 	}
-	err := l.db.Update(func(tx *bolt.Tx) error {
-		changes, revs := tx.Bucket(bucketChanges), tx.Bucket(bucketRevs)
-		// Keys only grow, so full pages pack the file instead of leaving
-		// every page half empty for inserts that never come.
-		changes.FillPercent, revs.FillPercent = 1, 1
-		// The last index is the last record's, or the checkpoint's when
-		// the checkpoint took every record.
-		var last uint64
-		if v := tx.Bucket(bucketMeta).Get(metaSnapshotIndex); v != nil {
-			last = binary.BigEndian.Uint64(v)
+	l.walMu.Lock()
+	defer l.walMu.Unlock()
+	if l.failed != nil {
+		return fmt.Errorf("storage: append %d records: the log failed earlier: %w", len(recs), l.failed)
+	}
+	last, size := l.last, frameHeader+1+4
+	for i := range recs {
+		r := &recs[i]
+		if r.Index <= last {
+			return fmt.Errorf("storage: append %d records: record index %d is not after %d", len(recs), r.Index, last)
 		}
-		if k, _ := changes.Cursor().Last(); k != nil {
-			last = max(last, binary.BigEndian.Uint64(k))
+		if r.Rev < 0 {
+			return fmt.Errorf("storage: append %d records: record index %d: negative revision %d", len(recs), r.Index, r.Rev)
 		}
-		for i := range recs {
-			r := &recs[i]
-			if r.Index <= last {
-				return fmt.Errorf("record index %d is not after %d", r.Index, last)
-			}
-			if r.Rev < 0 {
-				return fmt.Errorf("record index %d: negative revision %d", r.Index, r.Rev)
-			}
-			last = r.Index
-			key := u64(r.Index)
-			if err := changes.Put(key, encodeRecord(r)); err != nil {
-				return fmt.Errorf("put record %d: %w", r.Index, err)
-			}
-			if r.Rev != 0 {
-				if err := revs.Put(u64(uint64(r.Rev)), key); err != nil {
-					return fmt.Errorf("put revision %d: %w", r.Rev, err)
-				}
-			}
-		}
-		return nil
-	})
+		last = r.Index
+		size += walRecHeader + len(r.Change)
+	}
+	frame := encodeFrame(make([]byte, 0, size), recs)
+	// pwrite at the end we track, not O_APPEND: a short or failed write
+	// leaves walOff where it was, and a torn frame is only ever the last.
+	if _, err := l.wal.WriteAt(frame, l.walOff); err != nil {
+		l.failed = err
+		return fmt.Errorf("storage: append %d records: write-ahead log: %w", len(recs), err)
+	}
+	if err := fdatasync(l.wal); err != nil {
+		l.failed = err
+		return fmt.Errorf("storage: append %d records: sync write-ahead log: %w", len(recs), err)
+	}
+	l.walOff += int64(len(frame))
+	l.last = last
+	// The pending copies alias the frame (one allocation), not the
+	// caller's slices, which it may reuse.
+	stored, err := decodePayload(frame[frameHeader:])
 	if err != nil {
-		return fmt.Errorf("storage: append %d records: %w", len(recs), err)
+		panic(fmt.Sprintf("storage: a frame just encoded does not decode: %v", err))
+	}
+	l.tail = append(l.tail, stored...)
+	for _, r := range stored {
+		if r.Rev != 0 {
+			l.tailRevs[r.Rev] = r.Index
+		}
+		l.tailBytes += len(r.Change)
+	}
+	if len(l.tail) >= l.opts.flushRecords || l.tailBytes >= l.opts.flushBytes {
+		select {
+		case l.kick <- struct{}{}:
+		default:
+		}
 	}
 	return nil
+}
+
+// flusher commits the pending records to bbolt every flushEvery, or sooner
+// when Append says enough are pending, until Close.
+func (l *Log) flusher() {
+	defer close(l.flushDone)
+	var tick <-chan time.Time
+	if l.opts.flushEvery > 0 {
+		t := time.NewTicker(l.opts.flushEvery)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-l.kick:
+		case <-tick:
+		}
+		l.mu.RLock()
+		if l.db != nil {
+			// A failure is sticky in flushLocked; Append reports it.
+			_ = l.flushLocked()
+		}
+		l.mu.RUnlock()
+	}
+}
+
+// Flush commits every record appended so far to bbolt (one fsync'd
+// transaction) and drops the WAL segments it makes redundant.
+func (l *Log) Flush() error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.db == nil {
+		return ErrClosed
+	}
+	return l.flushLocked()
+}
+
+// flushLocked is Flush with mu held, in either mode.
+func (l *Log) flushLocked() error {
+	l.flushMu.Lock()
+	defer l.flushMu.Unlock()
+
+	// A large segment is replaced by a fresh one, created (and its
+	// directory entry synced) before the swap so Append never waits for it.
+	l.walMu.Lock()
+	rotate, seq, failed := l.walOff >= l.opts.segmentBytes, l.walSeq+1, l.failed
+	l.walMu.Unlock()
+	var next *os.File
+	if rotate && failed == nil {
+		f, err := createSegment(l.dir, seq)
+		if err != nil {
+			return l.fail(fmt.Errorf("storage: flush: %w", err))
+		}
+		next = f
+	}
+	l.walMu.Lock()
+	pending := l.tail
+	var old *os.File
+	if next != nil {
+		l.rotated = append(l.rotated, segment{seq: l.walSeq, last: l.last})
+		old, l.wal, l.walSeq, l.walOff = l.wal, next, seq, 0
+	}
+	drop := l.rotated // every record in them is in bbolt or in pending
+	l.walMu.Unlock()
+	if old != nil {
+		if err := old.Close(); err != nil {
+			return l.fail(fmt.Errorf("storage: flush: close write-ahead log: %w", err))
+		}
+	}
+
+	if len(pending) > 0 {
+		if err := l.db.Update(func(tx *bolt.Tx) error { return putRecords(tx, pending) }); err != nil {
+			return l.fail(fmt.Errorf("storage: flush %d records: %w", len(pending), err))
+		}
+	}
+	if h := l.opts.afterCommit; h != nil {
+		if err := h(); err != nil {
+			return err
+		}
+	}
+
+	l.walMu.Lock()
+	rest := l.tail[len(pending):]
+	l.tail = append(make([]Record, 0, len(rest)), rest...)
+	for _, r := range pending {
+		if r.Rev != 0 && l.tailRevs[r.Rev] == r.Index {
+			delete(l.tailRevs, r.Rev)
+		}
+		l.tailBytes -= len(r.Change)
+	}
+	l.rotated = l.rotated[len(drop):]
+	l.walMu.Unlock()
+	// bbolt's commit is fsync'd, so these are redundant. Not syncing the
+	// directory: a removal lost to a power cut only means recovery reads
+	// records bbolt already has, and skips them by index.
+	for _, s := range drop {
+		if err := os.Remove(filepath.Join(l.dir, segmentName(s.seq))); err != nil && !os.IsNotExist(err) {
+			return l.fail(fmt.Errorf("storage: flush: remove write-ahead log: %w", err))
+		}
+	}
+	return nil
+}
+
+// fail records err as the log's sticky failure and returns it.
+func (l *Log) fail(err error) error {
+	l.walMu.Lock()
+	if l.failed == nil {
+		l.failed = err
+	}
+	l.walMu.Unlock()
+	return err
 }
 
 // SetCompacted persists the compacted revision. It never goes back: a
@@ -223,10 +555,17 @@ func (l *Log) Load(fn func(Record) error) (compacted int64, err error) {
 	if l.db == nil {
 		return 0, ErrClosed
 	}
+	// The pending records first, then bbolt's view: a flush in between
+	// puts records in both (skipped below by index), never in neither,
+	// since a record leaves the tail only after bbolt committed it.
+	l.walMu.Lock()
+	tail := l.tail
+	l.walMu.Unlock()
 	err = l.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketMeta).Get(metaCompacted); v != nil {
 			compacted = int64(binary.BigEndian.Uint64(v))
 		}
+		var last uint64
 		c := tx.Bucket(bucketChanges).Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
 			if len(k) != 8 {
@@ -236,6 +575,16 @@ func (l *Log) Load(fn func(Record) error) (compacted int64, err error) {
 			if err != nil {
 				return err
 			}
+			last = r.Index
+			if err := fn(r); err != nil {
+				return fmt.Errorf("record %d: %w", r.Index, err)
+			}
+		}
+		for _, r := range tail {
+			if r.Index <= last {
+				continue
+			}
+			r.Change = bytes.Clone(r.Change)
 			if err := fn(r); err != nil {
 				return fmt.Errorf("record %d: %w", r.Index, err)
 			}
@@ -259,6 +608,10 @@ func (l *Log) Checkpoint(index uint64, snapshot []byte) error {
 	defer l.mu.RUnlock()
 	if l.db == nil {
 		return ErrClosed
+	}
+	// The records it covers must be in bbolt to be deleted with it.
+	if err := l.flushLocked(); err != nil {
+		return fmt.Errorf("storage: checkpoint at %d: %w", index, err)
 	}
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		meta, changes, revs := tx.Bucket(bucketMeta), tx.Bucket(bucketChanges), tx.Bucket(bucketRevs)
@@ -321,10 +674,13 @@ func (l *Log) IndexOfRevision(rev int64) (uint64, bool, error) {
 	if l.db == nil {
 		return 0, false, ErrClosed
 	}
-	var (
-		idx   uint64
-		found bool
-	)
+	// The tail first: a record leaves it only once bbolt has it.
+	l.walMu.Lock()
+	idx, found := l.tailRevs[rev]
+	l.walMu.Unlock()
+	if found {
+		return idx, true, nil
+	}
 	err := l.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketRevs).Get(u64(uint64(rev))); v != nil {
 			idx, found = binary.BigEndian.Uint64(v), true
@@ -415,6 +771,10 @@ func (l *Log) Defragment() error {
 	if l.db == nil {
 		return ErrClosed
 	}
+	// The copy must hold every record; and the flusher waits on mu.
+	if err := l.flushLocked(); err != nil {
+		return fmt.Errorf("storage: defragment: %w", err)
+	}
 	tmp := l.path + ".defrag"
 	_ = os.Remove(tmp) // left over from a crash during an earlier defragment
 	dst, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: 2 * time.Second, FreelistType: bolt.FreelistMapType})
@@ -463,19 +823,48 @@ func syncDir(dir string) error {
 	return d.Sync()
 }
 
-// Close closes the file. Calling it again returns nil.
+// Close commits what is pending to bbolt, removes the write-ahead log it
+// makes redundant, and closes the files. Calling it again returns nil.
 func (l *Log) Close() error {
+	// The flusher takes mu, so it is stopped before Close takes it.
+	l.stopOnce.Do(func() { close(l.stop) })
+	<-l.flushDone
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.db == nil {
+		if l.wal != nil { // a failed Defragment reopen left the WAL open
+			err := l.wal.Close()
+			l.wal = nil
+			return err
+		}
 		return nil
 	}
-	err := l.db.Close()
-	l.db = nil
+	err := l.flushLocked()
+	if err == nil {
+		// Everything is in bbolt: the current segment goes too, and Open
+		// starts the next one.
+		err = os.Remove(filepath.Join(l.dir, segmentName(l.walSeq)))
+	}
+	err = errors.Join(err, l.wal.Close(), l.db.Close())
+	l.db, l.wal = nil, nil
 	if err != nil {
 		return fmt.Errorf("storage: close: %w", err)
 	}
 	return nil
+}
+
+// crash closes the files as a killed process would: nothing flushed,
+// nothing removed. For tests of recovery.
+func (l *Log) crash() {
+	l.stopOnce.Do(func() { close(l.stop) })
+	<-l.flushDone
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.db != nil {
+		_ = l.wal.Close()
+		_ = l.db.Close()
+		l.db = nil
+	}
 }
 
 func u64(v uint64) []byte {
