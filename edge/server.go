@@ -12,8 +12,9 @@
 //     applies in the core under the lock and is handed, still under the lock,
 //     to the committer, so the committer sees changes in apply-index order.
 //   - Group commit: the committer goroutine takes every change applied since
-//     its last write and persists them with one storage.Append (one bbolt
-//     transaction, one fsync). A write is acknowledged only when its batch is
+//     its last write and persists them with one storage.Append (one frame
+//     of the write-ahead log, one fdatasync; the bbolt file follows off the
+//     acknowledgement path). A write is acknowledged only when its batch is
 //     durable. A plain Range reads at the newest durable revision; any other
 //     read that may have seen a change not yet durable waits for that
 //     change's batch. So no response ever shows state, or a revision, that
