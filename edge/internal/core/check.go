@@ -6,7 +6,34 @@ import (
 )
 
 // The request checks etcd's gRPC layer makes before a request reaches the
-// apply loop (server/etcdserver/api/v3rpc/key.go), with its errors.
+// apply loop (server/etcdserver/api/v3rpc/key.go), with its errors. The
+// State's operations make them; the server makes them too, through the
+// exported Check* functions, before its own size, quota and failure checks,
+// so an invalid request gets etcd's error in etcd's order.
+
+// CheckRange is etcd's check of a RangeRequest.
+func CheckRange(r *pb.RangeRequest) error { return checkRangeRequest(r) }
+
+// CheckPut is etcd's check of a PutRequest.
+func CheckPut(r *pb.PutRequest) error { return checkPutRequest(r) }
+
+// CheckDeleteRange is etcd's check of a DeleteRangeRequest.
+func CheckDeleteRange(r *pb.DeleteRangeRequest) error { return checkDeleteRequest(r) }
+
+// CheckTxn is etcd's check of a TxnRequest: the request itself (op count,
+// empty keys, every nested op), then the forbidden put/delete overlaps of
+// each branch (after the request, to avoid quadratic work on invalid
+// input, as etcd does).
+func CheckTxn(r *pb.TxnRequest, maxTxnOps int) error {
+	if err := checkTxnRequest(r, maxTxnOps); err != nil {
+		return err
+	}
+	if _, _, err := checkIntervals(r.GetSuccess()); err != nil {
+		return err
+	}
+	_, _, err := checkIntervals(r.GetFailure())
+	return err
+}
 
 func checkRangeRequest(r *pb.RangeRequest) error {
 	if len(r.GetKey()) == 0 {

@@ -286,13 +286,7 @@ func (s *State) deleteRange(w *writer, req *pb.DeleteRangeRequest) *pb.DeleteRan
 // not a change (Applied nil); any other Txn is one change with the ops of
 // the branch taken (maybe none: a change without a revision).
 func (s *State) Txn(now time.Time, req *pb.TxnRequest) (*pb.TxnResponse, *Applied, error) {
-	if err := checkTxnRequest(req, s.maxTxnOps); err != nil {
-		return nil, nil, err
-	}
-	if _, _, err := checkIntervals(req.GetSuccess()); err != nil {
-		return nil, nil, err
-	}
-	if _, _, err := checkIntervals(req.GetFailure()); err != nil {
+	if err := CheckTxn(req, s.maxTxnOps); err != nil {
 		return nil, nil, err
 	}
 	plan := s.planTxn(req)
