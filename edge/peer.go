@@ -19,6 +19,7 @@ import (
 
 	edgesyncv1 "github.com/aethermesh/aether/api/edgesync/v1"
 	"github.com/aethermesh/aether/edge/internal/core"
+	"github.com/aethermesh/aether/internal/retry"
 )
 
 // peer is the sending side towards one peer: a Push stream, reopened with
@@ -96,10 +97,8 @@ func peerClientTLS(c *tls.Config) *tls.Config {
 
 // run keeps a stream to the peer until ctx ends.
 func (p *peer) run(ctx context.Context) {
-	backoff := minBackoff
-	t := time.NewTimer(0)
-	<-t.C
-	defer t.Stop()
+	b := retry.Backoff{Base: minBackoff, Max: maxBackoff}
+	attempt := 0
 	for ctx.Err() == nil {
 		start := time.Now()
 		err := p.session(ctx)
@@ -112,15 +111,15 @@ func (p *peer) run(ctx context.Context) {
 		}
 		p.y.s.log.Debug("sync stream ended", "peer", p.m.name, "err", err)
 		if time.Since(start) > maxBackoff {
-			backoff = minBackoff // it lived: the peer was reachable
+			attempt = 0 // it lived: the peer was reachable
 		}
-		t.Reset(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
+		// A spread around the exponential step rather than full jitter:
+		// the replicas that lost one peer together drift apart, yet each
+		// still comes back within about maxBackoff of a heal.
+		if !retry.Sleep(ctx, b.Spread(attempt, 20), nil) {
 			return
 		}
-		backoff = min(2*backoff, maxBackoff)
+		attempt++
 	}
 }
 
