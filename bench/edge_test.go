@@ -60,3 +60,25 @@ func TestEdgeSection(t *testing.T) {
 		}
 	}
 }
+
+// TestEdgeScaleSection: the goal compares every aether edge size with one
+// replica's p99 and says "not met" past 2x or on errors.
+func TestEdgeScaleSection(t *testing.T) {
+	for _, tc := range []struct {
+		p99at5 float64
+		errors int
+		want   string
+	}{{3.9, 0, "met ("}, {4.1, 0, "**not met**"}, {3, 1, "**not met**"}} {
+		r := Report{Date: "d", Machine: "m", Command: "c", EdgeScale: &EdgeScaleResult{LatencyMs: 10, Rate: 500, Seconds: 10, Concurrency: 32, Runs: []EdgeScaleRun{
+			{Server: "etcd", Size: 1, P99: 1}, {Server: "aether edge", Size: 1, P99: 2},
+			{Server: "etcd", Size: 5, P99: 60}, {Server: "aether edge", Size: 5, P99: tc.p99at5, Errors: tc.errors},
+		}}}
+		md := r.Markdown()
+		if !strings.Contains(md, edgeScaleBeginMark) || !strings.Contains(md, "| aether edge | 5 |") {
+			t.Fatalf("section lacks its marks or rows:\n%s", md)
+		}
+		if !strings.Contains(md, "every size: "+tc.want) {
+			t.Errorf("p99 %.1f ms at 5 members (one: 2 ms), %d errors: want %q in\n%s", tc.p99at5, tc.errors, tc.want, md)
+		}
+	}
+}

@@ -1,0 +1,354 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/aethermesh/aether/internal/faultproxy"
+)
+
+// ScenarioEdgeScale: write latency against cluster size over slow links,
+// etcd against aether edge in the same run (the "Edge store: latency
+// against cluster size" section).
+const ScenarioEdgeScale = "edge-scale"
+
+const (
+	edgeScaleBeginMark = "<!-- bench:edge-scale:begin -->"
+	edgeScaleEndMark   = "<!-- bench:edge-scale:end -->"
+)
+
+// EdgeScaleConfig sizes the scenario.
+type EdgeScaleConfig struct {
+	Sizes []int // members per cluster
+	// Latency is added to every byte between two members, in each
+	// direction, by a fault proxy in front of each member's peer port: a
+	// round trip between two members costs 2*Latency more.
+	Latency     time.Duration
+	Rate        int           // writes per second offered
+	Duration    time.Duration // of the measured load, per cluster
+	Concurrency int           // writers sharing the offered rate
+	AetherBin   string
+}
+
+// EdgeScaleRun is one cluster's figures.
+type EdgeScaleRun struct {
+	Server   string  `json:"server"` // "etcd" or "aether edge"
+	Size     int     `json:"size"`
+	Writes   int     `json:"writes"` // acknowledged
+	Errors   int     `json:"errors"`
+	Achieved float64 `json:"achieved_per_sec"`
+	P50      float64 `json:"p50_ms"`
+	P99      float64 `json:"p99_ms"`
+	Max      float64 `json:"max_ms"`
+}
+
+// EdgeScaleResult is the scenario's figures.
+type EdgeScaleResult struct {
+	LatencyMs     float64        `json:"link_latency_ms_each_way"`
+	Rate          int            `json:"rate"`
+	Seconds       float64        `json:"seconds"`
+	Concurrency   int            `json:"concurrency"`
+	EtcdVersion   string         `json:"etcd_version"`
+	Runs          []EdgeScaleRun `json:"runs"`
+	LoadAvgBefore float64        `json:"loadavg_before"`
+	LoadAvgAfter  float64        `json:"loadavg_after"`
+}
+
+func runEdgeScale(ctx context.Context, o Options, r *Report, w io.Writer) error {
+	cfg := EdgeScaleConfig{Sizes: []int{1, 3, 5, 7}, Latency: 10 * time.Millisecond, Rate: 500, Duration: 10 * time.Second, Concurrency: 32, AetherBin: o.AetherBin}
+	if o.Quick {
+		cfg.Sizes, cfg.Duration, cfg.Rate = []int{1, 3}, 2*time.Second, 200
+	}
+	fmt.Fprintf(w, "edge-scale: %d writes/s at the local member of %v-member clusters, %v each way on every link, etcd and aether edge...\n", cfg.Rate, cfg.Sizes, cfg.Latency)
+	res, err := EdgeScale(ctx, cfg, w)
+	if err != nil {
+		return fmt.Errorf("edge-scale: %w", err)
+	}
+	r.EdgeScale = &res
+	return nil
+}
+
+// EdgeScale runs, for each size, a fresh etcd cluster and a fresh aether
+// edge cluster of that many members, one after the other, each member's
+// peer traffic through a proxy adding cfg.Latency each way, and offers
+// cfg.Rate puts per second for cfg.Duration at one member: etcd's leader
+// (the best case for etcd, as a follower would forward to it), and any
+// aether edge replica (all are alike).
+func EdgeScale(ctx context.Context, cfg EdgeScaleConfig, w io.Writer) (EdgeScaleResult, error) {
+	res := EdgeScaleResult{LatencyMs: ms(cfg.Latency), Rate: cfg.Rate, Seconds: cfg.Duration.Seconds(), Concurrency: cfg.Concurrency}
+	etcd, err := etcdBinary(ctx)
+	if err != nil {
+		return res, err
+	}
+	aether, err := aetherBinary(ctx, cfg.AetherBin)
+	if err != nil {
+		return res, err
+	}
+	res.EtcdVersion = binaryVersion(ctx, etcd)
+	res.LoadAvgBefore = loadAvg()
+	for _, n := range cfg.Sizes {
+		for _, srv := range []struct {
+			name string
+			bin  string
+			pre  []string
+		}{{"etcd", etcd, nil}, {"aether edge", aether, []string{"edge"}}} {
+			run, err := edgeScaleOne(ctx, cfg, srv.name, srv.bin, srv.pre, n)
+			if err != nil {
+				return res, fmt.Errorf("%s, %d members: %w", srv.name, n, err)
+			}
+			fmt.Fprintf(w, "  %-11s %d members: %s\n", srv.name, n, run)
+			res.Runs = append(res.Runs, run)
+		}
+	}
+	res.LoadAvgAfter = loadAvg()
+	return res, nil
+}
+
+func (r EdgeScaleRun) String() string {
+	s := fmt.Sprintf("%5.0f writes/s, p50 %.2f ms, p99 %.2f ms, max %.2f ms", r.Achieved, r.P50, r.P99, r.Max)
+	if r.Errors > 0 {
+		s += fmt.Sprintf(", %d ERRORS", r.Errors)
+	}
+	return s
+}
+
+// scaleCluster is n members of one server, each behind its peer proxy.
+type scaleCluster struct {
+	procs   []*proc
+	proxies []*faultproxy.Proxy
+	clients []string // client URLs
+	dir     string
+}
+
+func (c *scaleCluster) stop() {
+	for _, p := range c.procs {
+		p.stop(10 * time.Second)
+	}
+	for _, p := range c.proxies {
+		_ = p.Close()
+	}
+	os.RemoveAll(c.dir)
+}
+
+func startScaleCluster(ctx context.Context, name, bin string, pre []string, n int, latency time.Duration) (*scaleCluster, error) {
+	return startRetrying(func() (*scaleCluster, error) {
+		dir, err := os.MkdirTemp("", "aether-bench-scale-")
+		if err != nil {
+			return nil, err
+		}
+		c := &scaleCluster{dir: dir}
+		ports, err := freePorts(2 * n)
+		if err != nil {
+			c.stop()
+			return nil, err
+		}
+		var initial []string
+		for i := 0; i < n; i++ {
+			c.clients = append(c.clients, fmt.Sprintf("http://127.0.0.1:%d", ports[2*i]))
+			p, err := faultproxy.Start(fmt.Sprintf("127.0.0.1:%d", ports[2*i+1]))
+			if err != nil {
+				c.stop()
+				return nil, err
+			}
+			p.SetLatency(latency)
+			c.proxies = append(c.proxies, p)
+			initial = append(initial, fmt.Sprintf("m%d=http://%s", i, p.Addr()))
+		}
+		for i := 0; i < n; i++ {
+			// Each member listens on its own peer port and is known to
+			// the others at its proxy: every byte between two members
+			// crosses one proxy, whichever side dialled.
+			args := append(append([]string(nil), pre...),
+				"--name", fmt.Sprintf("m%d", i), "--data-dir", filepath.Join(dir, fmt.Sprintf("m%d", i)),
+				"--listen-client-urls", c.clients[i], "--advertise-client-urls", c.clients[i],
+				"--listen-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
+				"--initial-advertise-peer-urls", "http://"+c.proxies[i].Addr(),
+				"--initial-cluster", strings.Join(initial, ","),
+				"--initial-cluster-state", "new", "--log-level", "warn")
+			p, err := startProc(fmt.Sprintf("%s m%d", name, i), dir, bin, args...)
+			if err != nil {
+				c.stop()
+				return nil, err
+			}
+			c.procs = append(c.procs, p)
+		}
+		// etcd's /health answers ok only once the member sees a leader.
+		for i, p := range c.procs {
+			if err := p.waitUntil(ctx, 60*time.Second, func() error { return httpOK(c.clients[i] + "/health") }); err != nil {
+				c.stop()
+				return nil, err
+			}
+		}
+		return c, nil
+	})
+}
+
+func edgeScaleOne(ctx context.Context, cfg EdgeScaleConfig, name, bin string, pre []string, n int) (EdgeScaleRun, error) {
+	run := EdgeScaleRun{Server: name, Size: n}
+	c, err := startScaleCluster(ctx, name, bin, pre, n, cfg.Latency)
+	if err != nil {
+		return run, err
+	}
+	defer c.stop()
+	target, err := scaleTarget(ctx, c.clients)
+	if err != nil {
+		return run, err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{target}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return run, err
+	}
+	defer cli.Close()
+
+	// Open loop at the offered rate: a tick is due every 1/Rate whether or
+	// not earlier writes have returned, so a slow cluster shows as latency
+	// (and, once every writer is busy, as a shortfall in achieved rate),
+	// not as a politely slower client.
+	interval := time.Second / time.Duration(max(cfg.Rate, 1))
+	ticks := make(chan time.Time, cfg.Concurrency)
+	var (
+		mu     sync.Mutex
+		lat    []time.Duration
+		errors int
+		wg     sync.WaitGroup
+	)
+	value := strings.Repeat("v", 32)
+	for range max(cfg.Concurrency, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range ticks {
+				key := fmt.Sprintf("scale/%04d", rand.IntN(1000))
+				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				start := time.Now()
+				_, err := cli.Put(cctx, key, value)
+				d := time.Since(start)
+				cancel()
+				mu.Lock()
+				if err != nil {
+					errors++
+				} else {
+					lat = append(lat, d)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	start := time.Now()
+	t := time.NewTicker(interval)
+	for now := range t.C {
+		if now.Sub(start) >= cfg.Duration || ctx.Err() != nil {
+			break
+		}
+		select {
+		case ticks <- now:
+		default: // every writer busy: the offered load is not met
+		}
+	}
+	t.Stop()
+	close(ticks)
+	wg.Wait()
+	elapsed := time.Since(start)
+	for _, p := range c.procs {
+		if err := p.check(); err != nil {
+			return run, err
+		}
+	}
+	slices.Sort(lat)
+	run.Writes, run.Errors = len(lat), errors
+	run.Achieved = float64(len(lat)) / elapsed.Seconds()
+	if len(lat) > 0 {
+		run.P50 = ms(lat[len(lat)/2])
+		run.P99 = ms(lat[min(len(lat)-1, len(lat)*99/100)])
+		run.Max = ms(lat[len(lat)-1])
+	}
+	return run, ctx.Err()
+}
+
+// scaleTarget is the member the load goes to: the leader where there is
+// one (etcd), else the first.
+func scaleTarget(ctx context.Context, clients []string) (string, error) {
+	if len(clients) == 1 {
+		return clients[0], nil
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: clients, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return "", err
+	}
+	defer cli.Close()
+	for _, ep := range clients {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := cli.Status(cctx, ep)
+		cancel()
+		if err != nil {
+			return "", fmt.Errorf("status of %s: %w", ep, err)
+		}
+		if st.Leader != 0 && st.Leader == st.Header.MemberId {
+			return ep, nil
+		}
+	}
+	return clients[0], nil
+}
+
+func (r Report) edgeScaleMarkdown(b *strings.Builder) {
+	e := r.EdgeScale
+	fmt.Fprintf(b, "### Edge store: write latency against cluster size over slow links (last run %s)\n\n", r.Date)
+	fmt.Fprintf(b, "- Machine: %s\n- Command: `%s`\n- etcd: %s, etcd's own main built from `tools/etcd`; aether edge: this binary\n\n", r.Machine, r.Command, e.EtcdVersion)
+	fmt.Fprintf(b, "Each cluster is fresh, every member a process on this machine with its data in the system temporary directory. Every member's peer port sits behind a fault proxy that delays each byte %.0f ms in each direction, so a round trip between two members costs %.0f ms more (the links of seed 004's experiment). The load is %d puts per second, open loop (a put is due every 1/%d s whether or not earlier ones returned), shared by %d writers, for %.0f s, 32-byte values over 1000 keys, at one member: etcd's leader (its best case: a follower would forward to it) and any aether edge replica, which acknowledges once the write is durable on its own disk and replicates afterwards. Latency is per put, at the client.\n\n",
+		e.LatencyMs, 2*e.LatencyMs, e.Rate, e.Rate, e.Concurrency, e.Seconds)
+	if e.LoadAvgBefore > 0 {
+		fmt.Fprintf(b, "The machine's 1-minute load average was %.2f before and %.2f after (%d cores): compare the two servers within a size, not with other runs.\n\n", e.LoadAvgBefore, e.LoadAvgAfter, runtime.NumCPU())
+	}
+	b.WriteString("| server | members | achieved | p50 | p99 | max | errors |\n|---|---|---|---|---|---|---|\n")
+	for _, run := range e.Runs {
+		fmt.Fprintf(b, "| %s | %d | %.0f/s | %.2f ms | %.2f ms | %.2f ms | %d |\n", run.Server, run.Size, run.Achieved, run.P50, run.P99, run.Max, run.Errors)
+	}
+	// The goal (issue 16): the edge store's write p99 within 2x of one
+	// replica's at every size.
+	var one float64
+	for _, run := range e.Runs {
+		if run.Server == "aether edge" && run.Size == 1 {
+			one = run.P99
+		}
+	}
+	if one > 0 {
+		met := true
+		var worst float64
+		for _, run := range e.Runs {
+			if run.Server == "aether edge" {
+				worst = max(worst, run.P99/one)
+				if run.P99 > 2*one || run.Errors > 0 {
+					met = false
+				}
+			}
+		}
+		verdict := "**not met**"
+		if met {
+			verdict = "met"
+		}
+		fmt.Fprintf(b, "\n**Goal** (issue 16): aether edge's write p99 within 2× of one replica's at every size: %s (worst %.2f× of one replica's %.2f ms).\n", verdict, worst, one)
+	}
+}
+
+// binaryVersion is the first line of "bin --version" without etcd's
+// prefix, or empty.
+func binaryVersion(ctx context.Context, bin string) string {
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimPrefix(strings.SplitN(string(out), "\n", 2)[0], "etcd Version: ")
+}
