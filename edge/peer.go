@@ -132,7 +132,7 @@ func (p *peer) session(ctx context.Context) error {
 	defer cancel()
 	// Waiting for the connection leaves reconnecting to grpc's backoff
 	// (ours, set in newPeer) instead of stacking run's on top of it.
-	stream, err := p.client.Push(ctx, grpc.WaitForReady(true))
+	stream, err := p.client.Push(s.withValueMerge(ctx), grpc.WaitForReady(true))
 	if err != nil {
 		return fmt.Errorf("open push stream: %w", err)
 	}
@@ -144,6 +144,9 @@ func (p *peer) session(ctx context.Context) error {
 	}
 	first, err := stream.Recv()
 	if err != nil {
+		if isValueMergeRefusal(err) {
+			s.log.Warn("peer refuses to sync: value merge settings differ", "peer", p.m.name, "err", err)
+		}
 		return fmt.Errorf("receive vector: %w", err)
 	}
 	if first.GetMemberId() != p.m.id {
