@@ -56,7 +56,11 @@ func newPeer(y *syncer, m member) (*peer, error) {
 		}
 		creds = credentials.NewTLS(peerClientTLS(y.s.cfg.PeerTLS))
 	}
-	conn, err := grpc.NewClient(u.Host,
+	host := u.Host
+	if a, ok := y.s.cfg.peerDial[m.name]; ok {
+		host = a
+	}
+	conn, err := grpc.NewClient(host,
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(math.MaxInt32), grpc.MaxCallSendMsgSize(math.MaxInt32)),
 		// A peer cut off without a FIN (a partition) must end the stream,

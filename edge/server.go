@@ -118,6 +118,12 @@ type Config struct {
 	// as JSON. Every replica must be configured alike (valuemerge.go).
 	ValueMerge         string
 	ValueMergePrefixes []string
+
+	// peerDial, for tests, maps a member name to the host:port its sync
+	// stream dials instead of its peer URL's host, so a test can put a
+	// fault proxy on each directed link (partition_test.go) while every
+	// replica agrees on the initial cluster (member ids derive from it).
+	peerDial map[string]string
 }
 
 // Server is one running edge replica.

@@ -1,0 +1,236 @@
+package edge
+
+import (
+	"encoding/json"
+
+	"fmt"
+	"github.com/aethermesh/aether/edge/internal/core"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// convergeBound is how long after a heal every replica must report the
+// same HashKV. What it is made of: a blackholed stream resumes as soon as
+// the proxy forwards again (TCP holds what was sent), a cut one reconnects
+// within the sync backoff (maxBackoff, 1s) plus a connect; then the catch-
+// up is one vector exchange and the missing changes. The tests measure and
+// log the actual time; on this machine it is well under a second for a
+// few hundred changes (see the report in docs/architecture.md).
+const convergeBound = 10 * time.Second
+
+// waitCaughtUp waits until every replica holds every change any of them
+// held at the heal (the clients keep writing, so the replicas are never
+// equal at one instant under load; HashKV equality is checked once they
+// stop), and returns how long that took, failing past the bound.
+func waitCaughtUp(t *testing.T, ss []*Server, healed time.Time, what string) time.Duration {
+	t.Helper()
+	want := map[core.Hash]bool{}
+	for _, s := range ss {
+		for h := range logHashes(s) {
+			want[h] = true
+		}
+	}
+	deadline := healed.Add(convergeBound)
+	for {
+		done := true
+		for _, s := range ss {
+			have := logHashes(s)
+			for h := range want {
+				if !have[h] {
+					done = false
+					break
+				}
+			}
+			if !done {
+				break
+			}
+		}
+		if done {
+			d := time.Since(healed)
+			t.Logf("%s: %d changes on every replica %v after heal", what, len(want), d.Round(time.Millisecond))
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the changes held at the heal are not on every replica %v after it", what, convergeBound)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitConvergedWithin waits, once writes have stopped, for the replicas to
+// hold the same changes and report the same HashKV.
+func waitConvergedWithin(t *testing.T, ss []*Server, since time.Time, what string) (uint32, time.Duration) {
+	t.Helper()
+	ctx := testCtx(t)
+	deadline := since.Add(convergeBound)
+	for {
+		if h, ok := converged(ctx, t, ss); ok {
+			d := time.Since(since)
+			t.Logf("%s: same HashKV %v after the writes stopped", what, d.Round(time.Millisecond))
+			return h, d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not converged %v after the writes stopped", what, convergeBound)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// During partitions that isolate one replica, split two against two, and
+// flap, every replica keeps serving its pinned client's reads and writes
+// (no request fails); after each heal all converge within convergeBound;
+// no acknowledged write is lost; each client keeps read-your-writes and
+// monotonic reads; each replica's watches pass watchcheck; each replica's
+// own history is linearizable under porcupine; JSON edits of different
+// fields made at partitioned sites all survive; the converged state is the
+// reference merge of every change.
+func TestPartitions(t *testing.T) {
+	names := []string{"a", "b", "c", "d"}
+	m := newMesh(t, names)
+	ctx := testCtx(t)
+	sites := map[string]*site{}
+	all := map[string]*watchRec{}
+	pref := map[string]*watchRec{}
+	for i, n := range names {
+		s := m.c.srv[n]
+		all[n] = recordWatch(t, s, n+"/all", "", 2)
+		pref[n] = recordWatch(t, s, n+"/json", jsonPrefix, 2)
+		sites[n] = newSite(t, n, s, uint64(i+1))
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, n := range names {
+		sites[n].loop(ctx, stop, &wg)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			close(stop)
+			wg.Wait()
+		}
+	}()
+	running := func() []*Server { return m.c.running() }
+	var bounds []string
+
+	// A partition lasts long enough for each side to make a few hundred
+	// writes; the clients never pause.
+	hold := func(d time.Duration) {
+		deadline := time.Now().Add(d)
+		for time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	hold(500 * time.Millisecond)
+
+	// 1. Isolate a.
+	m.partition([]string{"a"}, []string{"b", "c", "d"})
+	hold(1500 * time.Millisecond)
+	m.heal()
+	d := waitCaughtUp(t, running(), time.Now(), "isolate a")
+	bounds = append(bounds, fmt.Sprintf("isolate=%v", d.Round(time.Millisecond)))
+
+	// 2. Two against two, with a JSON edit of a field of its own at each
+	// side, and of one common field (the later edit wins).
+	m.partition([]string{"a", "b"}, []string{"c", "d"})
+	hold(300 * time.Millisecond)
+	jsonAt := func(n, field, value string) {
+		w := newSite(t, n+"-split", m.c.srv[n], 99)
+		w.editJSON(ctx, field, value)
+		if len(w.errs) > 0 {
+			t.Fatalf("JSON edit at %s: %v", n, w.errs)
+		}
+	}
+	jsonAt("a", "split-ab", "from-a")
+	jsonAt("c", "split-cd", "from-c")
+	jsonAt("b", "common", "from-b")
+	hold(20 * time.Millisecond)
+	jsonAt("d", "common", "from-d") // later: wins
+	hold(1200 * time.Millisecond)
+	m.heal()
+	d = waitCaughtUp(t, running(), time.Now(), "split ab|cd")
+	bounds = append(bounds, fmt.Sprintf("split=%v", d.Round(time.Millisecond)))
+	for _, n := range names {
+		r, err := newClientQuiet(t, m.c.srv[n]).Get(ctx, jsonDoc)
+		if err != nil || len(r.Kvs) != 1 {
+			t.Fatalf("%s: %s after the split: %v %v", n, jsonDoc, r, err)
+		}
+		var doc map[string]any
+		if err := json.Unmarshal(r.Kvs[0].Value, &doc); err != nil {
+			t.Fatal(err)
+		}
+		if doc["split-ab"] != "from-a" || doc["split-cd"] != "from-c" || doc["common"] != "from-d" {
+			t.Fatalf("%s: %s after the split is %s: want both sides' fields and the later common edit", n, jsonDoc, r.Kvs[0].Value)
+		}
+	}
+
+	// 3. Flap: links cut (reset) and restored every 150ms, a different
+	// pair each time, with a blackholed replica in between.
+	for i := range 12 {
+		a, b := names[i%4], names[(i+1+i/4)%4]
+		if a == b {
+			b = names[(i+2)%4]
+		}
+		if i%3 == 2 {
+			m.partition([]string{names[i%4]}, without(names, names[i%4]))
+		} else {
+			m.cut(a, b)
+		}
+		hold(150 * time.Millisecond)
+		m.heal()
+		hold(50 * time.Millisecond)
+	}
+	d = waitCaughtUp(t, running(), time.Now(), "flap")
+	bounds = append(bounds, fmt.Sprintf("flap=%v", d.Round(time.Millisecond)))
+
+	close(stop)
+	wg.Wait()
+	stopped = true
+	quiet := time.Now()
+	hash, d := waitConvergedWithin(t, running(), quiet, "quiet")
+	bounds = append(bounds, fmt.Sprintf("quiet=%v", d.Round(time.Millisecond)))
+	t.Logf("convergence after heal: %s (bound %v)", strings.Join(bounds, " "), convergeBound)
+
+	var acked []string
+	total := 0
+	for _, n := range names {
+		w := sites[n]
+		if len(w.errs) > 0 {
+			t.Fatalf("%d failures at %s, first: %s", len(w.errs), n, strings.Join(w.errs[:min(5, len(w.errs))], "\n"))
+		}
+		acked = append(acked, w.acked...)
+		total += len(w.ops)
+	}
+	t.Logf("%d client operations, %d acknowledged puts", total, len(acked))
+	final := checkReference(t, m.c.srv["a"], hash, acked)
+	// Every site's last JSON edit of its own field survived.
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(final[jsonDoc]), &doc); err != nil {
+		t.Fatalf("%s = %q: %v", jsonDoc, final[jsonDoc], err)
+	}
+	for _, n := range names {
+		ok := sites[n].jsonOK
+		if len(ok) == 0 {
+			t.Fatalf("%s made no JSON edit", n)
+		}
+		_, last, _ := strings.Cut(ok[len(ok)-1], "=")
+		if doc[n] != last {
+			t.Fatalf("%s's last JSON edit %s=%s is lost: the document is %s", n, n, last, final[jsonDoc])
+		}
+	}
+	for _, n := range names {
+		checkWatches(t, m.c.srv[n], n, all[n], pref[n])
+		checkLinearizable(t, sites[n], all[n])
+	}
+}
+
+func without(names []string, x string) []string {
+	var out []string
+	for _, n := range names {
+		if n != x {
+			out = append(out, n)
+		}
+	}
+	return out
+}
