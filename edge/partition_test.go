@@ -2,13 +2,15 @@ package edge
 
 import (
 	"encoding/json"
-
 	"fmt"
-	"github.com/aethermesh/aether/edge/internal/core"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+
+	"github.com/aethermesh/aether/edge/internal/core"
 )
 
 // convergeBound is how long after a heal every replica must report the
@@ -233,4 +235,26 @@ func without(names []string, x string) []string {
 		}
 	}
 	return out
+}
+
+// The session checks can fail: a read at an older revision than the
+// client saw (monotonic reads), or older than its own write
+// (read-your-writes), is reported.
+func TestSiteChecksCatchViolations(t *testing.T) {
+	w := &site{name: "x", wrote: map[string]int64{}, seenMod: map[string]int64{}}
+	w.observe("k", 10, nil)
+	w.observe("k", 9, nil)
+	if len(w.errs) != 1 || !strings.Contains(w.errs[0], "monotonic reads") {
+		t.Fatalf("a revision going back: %q", w.errs)
+	}
+	w = &site{name: "x", wrote: map[string]int64{"k": 12}, seenMod: map[string]int64{}}
+	w.observe("k", 12, &mvccpb.KeyValue{Key: []byte("k"), ModRevision: 11})
+	if len(w.errs) != 1 || !strings.Contains(w.errs[0], "read-your-writes") {
+		t.Fatalf("a value older than the client's write: %q", w.errs)
+	}
+	w = &site{name: "x", wrote: map[string]int64{}, seenMod: map[string]int64{"k": 7}}
+	w.observe("k", 20, &mvccpb.KeyValue{Key: []byte("k"), ModRevision: 6})
+	if len(w.errs) != 1 || !strings.Contains(w.errs[0], "monotonic reads") {
+		t.Fatalf("a key's value going back: %q", w.errs)
+	}
 }
