@@ -13,13 +13,14 @@ import (
 	"github.com/aethermesh/aether/edge/internal/core"
 )
 
-// convergeBound is how long after a heal every replica must report the
-// same HashKV. What it is made of: a blackholed stream resumes as soon as
-// the proxy forwards again (TCP holds what was sent), a cut one reconnects
-// within the sync backoff (maxBackoff, 1s) plus a connect; then the catch-
-// up is one vector exchange and the missing changes. The tests measure and
-// log the actual time; on this machine it is well under a second for a
-// few hundred changes (see the report in docs/architecture.md).
+// convergeBound is how long after a heal every replica may take to hold
+// every change any of them held at the heal (and, once writes stop, to
+// report the same HashKV). What it is made of: a blackholed stream resumes
+// as soon as the proxy forwards again (TCP holds what was sent), a reset
+// one reconnects within the sync backoff (maxBackoff, 1s) plus a connect;
+// then the catch-up is one vector exchange and the missing changes, each
+// merged and fsync'd in batches. The tests log what they measure
+// (docs/architecture.md has this machine's figures).
 const convergeBound = 10 * time.Second
 
 // waitCaughtUp waits until every replica holds every change any of them
