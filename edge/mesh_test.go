@@ -468,7 +468,10 @@ func replicaHistory(t *testing.T, s *Server) []revChange {
 			t.Fatalf("revision %d has no change", r)
 		}
 		i, _ := s.st.IndexOf(h)
-		enc := s.sync.log.entries[i-s.sync.log.base].enc
+		l := s.sync.log
+		l.mu.Lock()
+		enc := l.entries[i-l.base].enc
+		l.mu.Unlock()
 		c, err := core.DecodeChange(enc)
 		if err != nil {
 			t.Fatal(err)
