@@ -47,16 +47,32 @@ type mesh struct {
 func newMesh(t *testing.T, names []string) *mesh {
 	t.Helper()
 	m := &mesh{t: t, c: newTestCluster(t, names, nil), links: map[[2]string]*faultproxy.Proxy{}}
+	reserved := map[string]bool{}
+	for _, n := range names {
+		reserved[m.c.peer[n].Host] = true
+	}
 	for _, a := range names {
 		for _, b := range names {
 			if a == b {
 				continue
 			}
-			p, err := faultproxy.Start(m.c.peer[b].Host)
-			if err != nil {
-				t.Fatal(err)
+			// The peer ports are reserved by closing a listener, so a
+			// proxy's free port may be one of them: pick again.
+			var held []*faultproxy.Proxy
+			for {
+				p, err := faultproxy.Start(m.c.peer[b].Host)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !reserved[p.Addr()] {
+					m.links[[2]string{a, b}] = p
+					break
+				}
+				held = append(held, p)
 			}
-			m.links[[2]string{a, b}] = p
+			for _, p := range held {
+				_ = p.Close()
+			}
 		}
 	}
 	// Proxies close after the replicas (cleanups run last-in first-out):
@@ -782,14 +798,14 @@ func referenceMerge(t *testing.T, changes []*core.Change, vm core.ValueMerge) (u
 		}
 	}
 	for k, as := range assigns {
-		if v, ok := refValue(as, nil, nil); ok {
+		v := refValue(as, nil, core.JSONReg{})
+		switch {
+		case v.kind == "scalar":
+			final[k] = string(v.scalar)
+		case v.kind == "object":
 			var b bytes.Buffer
 			enc := json.NewEncoder(&b)
 			enc.SetEscapeHTML(false)
-			if v.scalar != nil {
-				final[k] = string(v.scalar)
-				continue
-			}
 			if err := enc.Encode(v.tree()); err != nil {
 				t.Fatal(err)
 			}
@@ -822,12 +838,13 @@ func regBefore(a, b core.JSONReg) bool {
 }
 
 type refVal struct {
-	scalar []byte // nil: an object
+	kind   string // "absent", "scalar", "object"
+	scalar []byte
 	fields map[string]*refVal
 }
 
 func (v *refVal) tree() any {
-	if v.scalar != nil {
+	if v.kind == "scalar" {
 		return json.RawMessage(v.scalar)
 	}
 	m := map[string]any{}
@@ -837,38 +854,46 @@ func (v *refVal) tree() any {
 	return m
 }
 
-// refValue is the value at path inside the objects under: the largest
-// assignment made there; an object's fields are the assignments made
-// inside that very object.
-func refValue(as []core.JSONAssign, path []string, under []core.JSONReg) (*refVal, bool) {
+// refValue is what path shows when the largest absent or scalar
+// assignment at or above its parent is clear: per path the largest
+// assignment wins unless older than clear; a field shows under the larger
+// of clear and its parent's own largest absent or scalar assignment; a
+// path is an object if a field shows or an object was assigned there.
+func refValue(as []core.JSONAssign, path []string, clear core.JSONReg) *refVal {
 	var win *core.JSONAssign
+	inner := clear
+	names := map[string]bool{}
 	for i := range as {
 		a := &as[i]
-		if slices.Equal(a.Path, path) && slices.Equal(a.Under, under) && (win == nil || regBefore(win.Reg, a.Reg)) {
+		if len(a.Path) > len(path) && slices.Equal(a.Path[:len(path)], path) {
+			names[a.Path[len(path)]] = true
+		}
+		if !slices.Equal(a.Path, path) {
+			continue
+		}
+		if win == nil || regBefore(win.Reg, a.Reg) {
 			win = a
+		}
+		if a.Kind != "object" && regBefore(inner, a.Reg) {
+			inner = a.Reg
+		}
+	}
+	if win != nil && regBefore(win.Reg, clear) {
+		win = nil
+	}
+	fields := map[string]*refVal{}
+	for n := range names {
+		if f := refValue(as, append(slices.Clone(path), n), inner); f.kind != "absent" {
+			fields[n] = f
 		}
 	}
 	switch {
-	case win == nil || win.Kind == "absent":
-		return nil, false
-	case win.Kind == "scalar":
-		return &refVal{scalar: append([]byte{}, win.Scalar...)}, true
+	case len(fields) > 0 || (win != nil && win.Kind == "object"):
+		return &refVal{kind: "object", fields: fields}
+	case win != nil && win.Kind == "scalar":
+		return &refVal{kind: "scalar", scalar: win.Scalar}
 	}
-	v := &refVal{fields: map[string]*refVal{}}
-	inner := append(slices.Clone(under), win.Reg)
-	for _, a := range as {
-		if len(a.Path) != len(path)+1 || !slices.Equal(a.Path[:len(path)], path) || !slices.Equal(a.Under, inner) {
-			continue
-		}
-		n := a.Path[len(path)]
-		if _, done := v.fields[n]; done {
-			continue
-		}
-		if f, ok := refValue(as, a.Path, inner); ok {
-			v.fields[n] = f
-		}
-	}
-	return v, true
+	return &refVal{kind: "absent"}
 }
 
 // checkReference: the converged hash is the reference merge's of the

@@ -1,67 +1,75 @@
 package core
 
 // Structured values (issue 16, "--value-merge json"): a key configured for
-// JSON merge keeps, besides its MVCC versions, a document whose every
-// object field is a last-writer-wins register, so two replicas editing
-// different fields of one object both keep their edit.
+// JSON merge keeps, besides its MVCC versions, a document in which every
+// path (the key's root, each object field, recursively) is merged on its
+// own, last writer wins, so two replicas editing different fields of one
+// object both keep their edit.
 //
 // # The document
 //
-// A key's document is one entry, the root. An entry is a register
-// (stamp, replica, op: the change that assigned it and the op's place in
-// that change) holding one of
+// A node (one path) holds
 //
-//   - absent: the key (or field) was deleted;
-//   - a scalar: any other value, kept as bytes (at the root the request's
-//     bytes exactly, so a value that is not a JSON object is whole-value
-//     last writer wins; inside an object a string, number, bool, null or
-//     array in canonical form: arrays are not merged element-wise);
-//   - an object: a map from field name to entry, each merged on its own.
+//   - kind: the largest assignment made at the path, a register
+//     (stamp, replica, op: the change that made it and the op's place in
+//     it) with what it assigned: absent (a delete: of the key at the root,
+//     of a field below), a scalar (anything that is not a JSON object:
+//     at the root the request's bytes exactly, so such a value is
+//     whole-value last writer wins; inside an object a string, number,
+//     bool, null or array in canonical form: arrays are not merged
+//     element-wise) or an object;
+//   - clear: the largest register of an absent or scalar assignment at the
+//     path: such an assignment replaces whatever was below the path, so
+//     it hides every assignment below made before it (a tombstone for the
+//     whole subtree, ordered like any write);
+//   - fields: a node per field name.
 //
-// Registers are totally ordered by (stamp, replica, op). Joining two
-// entries: the one with the larger register wins whole; with equal
-// registers (the same assignment, seen by two routes) two objects join
-// field by field, recursively. An assignment identifies the object it made:
-// edits inside an object are made under its register, so when a field is
-// concurrently reassigned (to a scalar, a new object, or deleted, the key
-// included) the later assignment wins and edits made inside the object it
-// replaced are discarded, whatever their stamps (Automerge's rule for
-// nested objects). Deleted fields stay as absent entries (tombstones), so an
-// older concurrent assignment arriving later cannot resurrect them.
+// What a node shows, inside ancestors whose clears are C (the largest):
+// its kind, unless made before C; its fields, each inside max(C, its own
+// clear). It is an object if some field shows or its kind is an object;
+// else the scalar, if its kind is one; else nothing (the field, or the key,
+// is absent). So per path the later write wins, a delete included: a field
+// deleted at one site and edited later at another shows the edit; a key
+// deleted at one site while another, later, edits a field of it comes back
+// as an object of the later edits only (the fields written before the
+// delete stay deleted); two sites creating one key, or one nested object,
+// at once both keep their fields.
 //
-// Join is a semilattice operation (commutative, associative, idempotent:
-// a lexicographic maximum over trees), and a replica's document is the join
-// of the patches of every change applied to the key, so replicas that
-// applied the same changes, in any causal order, hold the same document
-// and serve the same bytes.
+// Joining two documents takes, per path, the larger kind and the larger
+// clear, and joins the fields: a product of maximum registers and a union,
+// hence commutative, associative and idempotent. A replica's document is
+// the join of the patches of every change applied to the key, so replicas
+// that applied the same changes, in any causal order, hold the same
+// document and serve the same bytes. (Registers are totally ordered; the
+// same register met with different contents, which only a corrupted
+// history can produce, is ordered by kind then bytes, so even then join
+// stays deterministic.)
 //
 // # What a change carries
 //
 // A put op of a JSON key carries a patch, not the client's bytes: the
-// entries the put changed relative to the document its author held, under
-// the registers of the unchanged objects above them (so the receiver knows
-// which object an edit was made in). Entries the put assigned carry no
-// stamp: they take the change's (stamp, replica) and the op's index. A
-// delete op carries nothing new: it assigns absent to the root. A put whose
-// value is not a JSON object assigns that scalar to the root, and carries
-// the value as it is (encoded as a patch only if it starts with the magic
-// bytes).
+// assignments the put made relative to the document its author held (new
+// or changed fields, removed ones as absent, an object assignment where
+// the path did not show an object), on the paths of the objects around
+// them. Assignments carry no stamp: they take the change's (stamp,
+// replica) and the op's index. A delete op carries nothing new: it assigns
+// absent to the root. A put whose value is not a JSON object assigns that
+// scalar to the root and carries the value as it is (encoded as a patch
+// only if it starts with the magic bytes).
 //
-// Encoding (after the magic bytes 0xf5 'j' 0x01):
+// Patch encoding (after the magic bytes 0xf5 'j' 0x01), one node:
 //
-//	entry    register, kind byte (0 absent, 1 scalar, 2 object), then
-//	         scalar: uvarint len, bytes; object: uvarint n, then n times
-//	         (uvarint len, name; entry), names sorted and distinct
-//	register 0: this op, or 1: int64 wall, uint32 logical, uint64 replica,
-//	         uvarint op
+//	byte     0 no assignment here, 1 absent, 2 scalar, 3 object
+//	scalar:  uvarint len, bytes
+//	uvarint  number of fields (0 for absent and scalar), then per field
+//	         uvarint len, name; node; names sorted and distinct
 //
 // A put op whose value does not decode as a patch (written before the key
-// was configured for JSON, or by a replica configured otherwise) is taken as
-// a scalar at the root: whole-value last writer wins, as without JSON merge.
+// was configured for JSON, or a scalar) is taken as a scalar at the root.
 //
 // # What clients see
 //
-// The rendered document: a scalar root's bytes, or the object in canonical
+// The document rendered: a scalar root's bytes, or the object in canonical
 // JSON (fields sorted by name, no insignificant white space, strings
 // re-encoded without HTML escaping, numbers as written). A local put of an
 // object reads back as its canonical form; a merged change gets a revision
@@ -129,16 +137,17 @@ func (m ValueMerge) String() string {
 // how every change on those keys is read).
 func (s *State) SetValueMerge(m ValueMerge) { s.vm = m }
 
-// jkind is what an entry holds.
+// jkind is what an assignment assigns.
 type jkind uint8
 
 const (
-	jAbsent jkind = 0
-	jScalar jkind = 1
-	jObject jkind = 2
+	jAbsent jkind = 1
+	jScalar jkind = 2
+	jObject jkind = 3
 )
 
-// jreg is a register: the assignment that set an entry.
+// jreg is a register: the assignment that set a path. The zero jreg is
+// before every real one.
 type jreg struct {
 	wall    int64
 	logical uint32
@@ -165,6 +174,13 @@ func (r jreg) compare(o jreg) int {
 	return cmpInt(r.op, o.op)
 }
 
+func maxReg(a, b jreg) jreg {
+	if a.compare(b) >= 0 {
+		return a
+	}
+	return b
+}
+
 func cmpInt[T int64 | uint32 | uint64 | ReplicaID](a, b T) int {
 	switch {
 	case a < b:
@@ -175,114 +191,160 @@ func cmpInt[T int64 | uint32 | uint64 | ReplicaID](a, b T) int {
 	return 0
 }
 
-// jentry is one register and what it holds. Entries are immutable once
-// built: join copies along the paths it changes and shares the rest, so a
-// document can be joined speculatively (mergeRev) at no risk.
-type jentry struct {
+// jassign is one assignment: its register and what it assigned.
+type jassign struct {
 	reg    jreg
-	this   bool // in a patch: the op's own assignment (reg is filled in on join)
 	kind   jkind
 	scalar []byte
-	fields map[string]*jentry
 }
 
-// jdoc is a JSON key's merge state: the root entry and the lease register.
-type jdoc struct {
-	root     *jentry
-	lease    int64
-	leaseReg jreg
-}
-
-// compareEntry is the total order join keeps the maximum of: register,
-// then (for the same register met with different contents, which only a
-// corrupted history can produce) kind and scalar bytes, so join stays
-// deterministic whatever it is given.
-func compareEntry(a, b *jentry) int {
+// compareAssign is the total order a path keeps the largest of.
+func compareAssign(a, b *jassign) int {
 	if c := a.reg.compare(b.reg); c != 0 {
 		return c
 	}
 	if a.kind != b.kind {
 		return cmpInt(uint32(a.kind), uint32(b.kind))
 	}
-	if a.kind == jScalar {
-		return bytes.Compare(a.scalar, b.scalar)
-	}
-	return 0
+	return bytes.Compare(a.scalar, b.scalar)
 }
 
-// resolve returns src with its "this op" registers set to reg.
-func resolve(src *jentry, reg jreg) *jentry {
-	out := &jentry{reg: src.reg, kind: src.kind, scalar: src.scalar}
-	if src.this {
-		out.reg = reg
+// jnode is one path's merge state (package doc). Nodes are immutable once
+// built: join copies along the paths it changes and shares the rest, so a
+// document can be joined speculatively (mergeRev) at no risk. In a patch,
+// kind is the op's own assignment (its reg unset) and clear is unused.
+type jnode struct {
+	kind   *jassign
+	clear  jreg
+	fields map[string]*jnode
+}
+
+// jdoc is a JSON key's merge state: the root and the lease register.
+type jdoc struct {
+	root     *jnode
+	lease    int64
+	leaseReg jreg
+}
+
+// resolve turns a patch into the state it assigns under reg.
+func resolve(p *jnode, reg jreg) *jnode {
+	out := &jnode{}
+	if p.kind != nil {
+		out.kind = &jassign{reg: reg, kind: p.kind.kind, scalar: p.kind.scalar}
+		if p.kind.kind != jObject {
+			out.clear = reg
+		}
 	}
-	if src.kind == jObject {
-		out.fields = make(map[string]*jentry, len(src.fields))
-		for n, f := range src.fields {
+	if len(p.fields) > 0 {
+		out.fields = make(map[string]*jnode, len(p.fields))
+		for n, f := range p.fields {
 			out.fields[n] = resolve(f, reg)
 		}
 	}
 	return out
 }
 
-// join is the semilattice join of two resolved entries (either may be nil:
-// never assigned). It never modifies its arguments.
-func join(a, b *jentry) *jentry {
+// join is the semilattice join of two states (either may be nil). It never
+// modifies its arguments, and returns a itself when b adds nothing.
+func join(a, b *jnode) *jnode {
 	switch {
 	case a == nil:
 		return b
 	case b == nil:
 		return a
 	}
-	c := compareEntry(a, b)
-	switch {
-	case c > 0:
-		return a
-	case c < 0:
-		return b
-	case a.kind != jObject:
-		return a
+	out := *a
+	changed := false
+	if b.kind != nil && (a.kind == nil || compareAssign(b.kind, a.kind) > 0) {
+		out.kind, changed = b.kind, true
 	}
-	var out *jentry
+	if b.clear.compare(a.clear) > 0 {
+		out.clear, changed = b.clear, true
+	}
+	copied := false
 	for n, bf := range b.fields {
 		af := a.fields[n]
 		j := join(af, bf)
 		if j == af {
 			continue
 		}
-		if out == nil {
-			out = &jentry{reg: a.reg, kind: jObject, fields: make(map[string]*jentry, len(a.fields)+len(b.fields))}
+		if !copied {
+			out.fields = make(map[string]*jnode, len(a.fields)+len(b.fields))
 			for k, v := range a.fields {
 				out.fields[k] = v
 			}
+			copied = true
 		}
 		out.fields[n] = j
+		changed = true
 	}
-	if out == nil {
+	if !changed {
 		return a
 	}
-	return out
+	return &out
 }
 
-// live reports whether the root holds a value.
-func (d *jdoc) live() bool { return d != nil && d.root != nil && d.root.kind != jAbsent }
+// view is what a node shows: nothing, a scalar, or an object of views.
+type view struct {
+	kind     jkind // jAbsent, jScalar, jObject
+	scalar   []byte
+	fields   map[string]*view
+	assigned bool // an object by an object assignment, not only by fields shown
+}
+
+// viewOf is what n shows inside ancestors whose largest clear is c.
+func viewOf(n *jnode, c jreg) *view {
+	if n == nil {
+		return &view{kind: jAbsent}
+	}
+	k := n.kind
+	if k != nil && k.reg.compare(c) < 0 {
+		k = nil // replaced, with everything below, by an ancestor's later assignment
+	}
+	inner := maxReg(c, n.clear)
+	var fields map[string]*view
+	for name, f := range n.fields {
+		if fv := viewOf(f, inner); fv.kind != jAbsent {
+			if fields == nil {
+				fields = map[string]*view{}
+			}
+			fields[name] = fv
+		}
+	}
+	switch {
+	case len(fields) > 0 || (k != nil && k.kind == jObject):
+		return &view{kind: jObject, fields: fields, assigned: k != nil && k.kind == jObject}
+	case k != nil && k.kind == jScalar:
+		return &view{kind: jScalar, scalar: k.scalar}
+	}
+	return &view{kind: jAbsent}
+}
+
+func (d *jdoc) view() *view {
+	if d == nil {
+		return &view{kind: jAbsent}
+	}
+	return viewOf(d.root, jreg{})
+}
+
+// live reports whether the document shows a value.
+func (d *jdoc) live() bool { return d.view().kind != jAbsent }
 
 // render is what clients see of a live document.
 func (d *jdoc) render() []byte {
-	if d.root.kind == jScalar {
-		return d.root.scalar
+	v := d.view()
+	if v.kind == jScalar {
+		return v.scalar
 	}
 	var b bytes.Buffer
-	renderObject(&b, d.root)
+	renderObject(&b, v)
 	return b.Bytes()
 }
 
-func renderObject(b *bytes.Buffer, e *jentry) {
-	names := make([]string, 0, len(e.fields))
-	for n, f := range e.fields {
-		if f.kind != jAbsent {
-			names = append(names, n)
-		}
+func renderObject(b *bytes.Buffer, v *view) {
+	names := make([]string, 0, len(v.fields))
+	for n := range v.fields {
+		names = append(names, n)
 	}
 	sort.Strings(names)
 	b.WriteByte('{')
@@ -292,7 +354,7 @@ func renderObject(b *bytes.Buffer, e *jentry) {
 		}
 		writeJSONString(b, n)
 		b.WriteByte(':')
-		f := e.fields[n]
+		f := v.fields[n]
 		if f.kind == jObject {
 			renderObject(b, f)
 		} else {
@@ -303,8 +365,8 @@ func renderObject(b *bytes.Buffer, e *jentry) {
 }
 
 // applyPatch joins an op's patch into the document under reg (the op's
-// assignment), with the op's lease, and returns the new document.
-func (d *jdoc) applyPatch(patch *jentry, lease int64, reg jreg) *jdoc {
+// assignments), with the op's lease, and returns the new document.
+func (d *jdoc) applyPatch(patch *jnode, lease int64, reg jreg) *jdoc {
 	out := &jdoc{}
 	if d != nil {
 		*out = *d
@@ -316,58 +378,77 @@ func (d *jdoc) applyPatch(patch *jentry, lease int64, reg jreg) *jdoc {
 	return out
 }
 
+// deletePatch is what a delete op assigns.
+var deletePatch = &jnode{kind: &jassign{kind: jAbsent}}
+
 // deleted is the document after a delete op assigned under reg.
-func (d *jdoc) deleted(reg jreg) *jdoc {
-	return d.applyPatch(&jentry{this: true, kind: jAbsent}, 0, reg)
-}
+func (d *jdoc) deleted(reg jreg) *jdoc { return d.applyPatch(deletePatch, 0, reg) }
 
 // ----- the author's side: a put's patch -----
 
 // localPatch is the patch of a local put of value on a key whose document
-// is d (nil: never assigned here): the entries value changes, so that
-// joined into d it renders as value's canonical form (or value itself
-// when it is not a JSON object).
-func localPatch(d *jdoc, value []byte) *jentry {
+// is d (nil: never assigned here): the assignments that make it show
+// value's canonical form (or value itself when it is not a JSON object),
+// its assignments being later than everything in d.
+func localPatch(d *jdoc, value []byte) *jnode {
 	obj, ok := parseObject(value)
 	if !ok {
-		return &jentry{this: true, kind: jScalar, scalar: value}
+		return &jnode{kind: &jassign{kind: jScalar, scalar: value}}
 	}
-	if d.live() && d.root.kind == jObject {
-		return &jentry{reg: d.root.reg, kind: jObject, fields: diffFields(d.root, obj)}
-	}
-	return obj
+	return diffObject(d.view(), obj)
 }
 
-// diffFields is the patch of cur's fields that obj (all "this op" entries)
-// changes: new or changed fields assigned, removed ones assigned absent,
-// objects on both sides diffed under cur's register.
-func diffFields(cur, obj *jentry) map[string]*jentry {
-	out := map[string]*jentry{}
+// diffObject is the patch turning what a path shows (cur) into the object
+// obj: an object assignment unless cur already is one, then the fields
+// obj adds or changes (recursively for objects on both sides) and absent
+// for those it drops. (An object shown only because of fields, its kind
+// being older, gets an object assignment too, so it stays one when every
+// field goes.) nil when nothing changes.
+func diffObject(cur *view, obj *view) *jnode {
+	p := &jnode{}
+	if cur.kind != jObject || !cur.assigned {
+		p.kind = &jassign{kind: jObject}
+	}
+	if cur.kind != jObject {
+		cur = &view{kind: jObject}
+	}
 	for n, nf := range obj.fields {
 		cf := cur.fields[n]
+		if cf == nil {
+			cf = &view{kind: jAbsent}
+		}
+		var sub *jnode
 		switch {
-		case cf == nil || cf.kind == jAbsent:
-			out[n] = nf
-		case cf.kind == jObject && nf.kind == jObject:
-			if sub := diffFields(cf, nf); len(sub) > 0 {
-				out[n] = &jentry{reg: cf.reg, kind: jObject, fields: sub}
-			}
-		case cf.kind == jScalar && nf.kind == jScalar && bytes.Equal(cf.scalar, nf.scalar):
+		case nf.kind == jObject:
+			sub = diffObject(cf, nf)
+		case cf.kind == jScalar && bytes.Equal(cf.scalar, nf.scalar):
 		default:
-			out[n] = nf
+			sub = &jnode{kind: &jassign{kind: jScalar, scalar: nf.scalar}}
+		}
+		if sub != nil {
+			if p.fields == nil {
+				p.fields = map[string]*jnode{}
+			}
+			p.fields[n] = sub
 		}
 	}
-	for n, cf := range cur.fields {
-		if _, ok := obj.fields[n]; !ok && cf.kind != jAbsent {
-			out[n] = &jentry{this: true, kind: jAbsent}
+	for n := range cur.fields {
+		if _, ok := obj.fields[n]; !ok {
+			if p.fields == nil {
+				p.fields = map[string]*jnode{}
+			}
+			p.fields[n] = &jnode{kind: &jassign{kind: jAbsent}}
 		}
 	}
-	return out
+	if p.kind == nil && len(p.fields) == 0 {
+		return nil
+	}
+	return p
 }
 
-// parseObject parses a JSON object into "this op" entries, scalars in
-// canonical form; false when value is not exactly one JSON object.
-func parseObject(value []byte) (*jentry, bool) {
+// parseObject parses a JSON object into a view, scalars in canonical form;
+// false when value is not exactly one JSON object.
+func parseObject(value []byte) (*view, bool) {
 	dec := json.NewDecoder(bytes.NewReader(value))
 	dec.UseNumber()
 	var v any
@@ -381,21 +462,21 @@ func parseObject(value []byte) (*jentry, bool) {
 	if !ok {
 		return nil, false
 	}
-	return objectEntry(m), true
+	return objectView(m), true
 }
 
-func objectEntry(m map[string]any) *jentry {
-	e := &jentry{this: true, kind: jObject, fields: make(map[string]*jentry, len(m))}
-	for n, v := range m {
-		if sub, ok := v.(map[string]any); ok {
-			e.fields[n] = objectEntry(sub)
+func objectView(m map[string]any) *view {
+	v := &view{kind: jObject, fields: make(map[string]*view, len(m))}
+	for n, x := range m {
+		if sub, ok := x.(map[string]any); ok {
+			v.fields[n] = objectView(sub)
 			continue
 		}
 		var b bytes.Buffer
-		writeCanonical(&b, v)
-		e.fields[n] = &jentry{this: true, kind: jScalar, scalar: b.Bytes()}
+		writeCanonical(&b, x)
+		v.fields[n] = &view{kind: jScalar, scalar: b.Bytes()}
 	}
-	return e
+	return v
 }
 
 // writeCanonical writes a decoded JSON value in canonical form.
@@ -456,144 +537,122 @@ func writeJSONString(b *bytes.Buffer, s string) {
 var patchMagic = []byte{0xf5, 'j', 0x01}
 
 // encodePatch is the op value of a put carrying patch.
-func encodePatch(patch *jentry) []byte {
+func encodePatch(p *jnode) []byte {
 	b := append([]byte(nil), patchMagic...)
-	return appendEntry(b, patch)
+	return appendNode(b, p)
 }
 
-func appendEntry(b []byte, e *jentry) []byte {
-	if e.this {
+func appendNode(b []byte, p *jnode) []byte {
+	if p.kind == nil {
 		b = append(b, 0)
 	} else {
-		b = append(b, 1)
-		b = binary.BigEndian.AppendUint64(b, uint64(e.reg.wall))
-		b = binary.BigEndian.AppendUint32(b, e.reg.logical)
-		b = binary.BigEndian.AppendUint64(b, uint64(e.reg.repl))
-		b = binary.AppendUvarint(b, uint64(e.reg.op))
+		b = append(b, byte(p.kind.kind))
+		if p.kind.kind == jScalar {
+			b = appendBytes(b, p.kind.scalar)
+		}
 	}
-	b = append(b, byte(e.kind))
-	switch e.kind {
-	case jScalar:
-		b = appendBytes(b, e.scalar)
-	case jObject:
-		names := make([]string, 0, len(e.fields))
-		for n := range e.fields {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		b = binary.AppendUvarint(b, uint64(len(names)))
-		for _, n := range names {
-			b = appendBytes(b, []byte(n))
-			b = appendEntry(b, e.fields[n])
-		}
+	names := make([]string, 0, len(p.fields))
+	for n := range p.fields {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for _, n := range names {
+		b = appendBytes(b, []byte(n))
+		b = appendNode(b, p.fields[n])
 	}
 	return b
 }
 
 // decodePatch parses an op value made by encodePatch; false for anything
 // else (the op is then a whole-value assignment of the root).
-func decodePatch(v []byte) (*jentry, bool) {
+func decodePatch(v []byte) (*jnode, bool) {
 	if !bytes.HasPrefix(v, patchMagic) {
 		return nil, false
 	}
 	d := &decoder{b: v[len(patchMagic):]}
-	e := decodeEntry(d, 0)
-	if d.err != nil || e == nil || len(d.b) != 0 {
+	p := decodeNode(d, 0)
+	if d.err != nil || p == nil || len(d.b) != 0 {
 		return nil, false
 	}
-	return e, true
+	// Only encodePatch's output is accepted, so a patch's meaning is a
+	// function of its bytes.
+	if !bytes.Equal(encodePatch(p), v) {
+		return nil, false
+	}
+	return p, true
 }
 
 // maxPatchDepth bounds recursion on hostile input; JSON documents this deep
 // are not configuration.
 const maxPatchDepth = 512
 
-func decodeEntry(d *decoder, depth int) *jentry {
+func decodeNode(d *decoder, depth int) *jnode {
 	if depth > maxPatchDepth {
 		d.err = errors.New("patch too deep")
-		return nil
-	}
-	tag := d.next(1)
-	if tag == nil {
-		return nil
-	}
-	e := &jentry{}
-	switch tag[0] {
-	case 0:
-		e.this = true
-	case 1:
-		e.reg.wall = int64(d.u64())
-		if v := d.next(4); v != nil {
-			e.reg.logical = binary.BigEndian.Uint32(v)
-		}
-		e.reg.repl = ReplicaID(d.u64())
-		op := d.uvarint()
-		if op > math.MaxUint32 {
-			d.err = errors.New("op index out of range")
-			return nil
-		}
-		e.reg.op = uint32(op)
-	default:
-		d.err = errors.New("bad register tag")
 		return nil
 	}
 	k := d.next(1)
 	if k == nil {
 		return nil
 	}
-	e.kind = jkind(k[0])
-	switch e.kind {
-	case jAbsent:
+	p := &jnode{}
+	switch jkind(k[0]) {
+	case 0:
+	case jAbsent, jObject:
+		p.kind = &jassign{kind: jkind(k[0])}
 	case jScalar:
-		e.scalar = d.bytes()
-		if e.scalar == nil {
-			e.scalar = []byte{}
-		}
-	case jObject:
-		n := d.uvarint()
-		if n > uint64(len(d.b)) {
-			d.err = errShort
-			return nil
-		}
-		e.fields = make(map[string]*jentry, n)
-		prev := ""
-		for i := uint64(0); i < n && d.err == nil; i++ {
-			name := string(d.bytes())
-			if i > 0 && name <= prev {
-				d.err = errors.New("field names not sorted and distinct")
-				return nil
-			}
-			if !utf8.ValidString(name) {
-				d.err = errors.New("field name not UTF-8")
-				return nil
-			}
-			prev = name
-			f := decodeEntry(d, depth+1)
-			if f == nil {
-				return nil
-			}
-			e.fields[name] = f
+		p.kind = &jassign{kind: jScalar, scalar: d.bytes()}
+		if p.kind.scalar == nil {
+			p.kind.scalar = []byte{}
 		}
 	default:
-		d.err = errors.New("bad kind")
+		d.err = errors.New("bad assignment kind")
 		return nil
+	}
+	n := d.uvarint()
+	if n > uint64(len(d.b)) || (n > 0 && p.kind != nil && p.kind.kind != jObject) {
+		d.err = errors.New("bad field count")
+		return nil
+	}
+	if n > 0 {
+		p.fields = make(map[string]*jnode, n)
+	}
+	prev := ""
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		name := string(d.bytes())
+		if (i > 0 && name <= prev) || !utf8.ValidString(name) {
+			d.err = errors.New("field names not sorted, distinct UTF-8")
+			return nil
+		}
+		prev = name
+		f := decodeNode(d, depth+1)
+		if f == nil {
+			return nil
+		}
+		p.fields[name] = f
 	}
 	if d.err != nil {
 		return nil
 	}
-	return e
+	return p
 }
 
 // patchOf is the patch a stored put op carries: its decoded patch, or its
 // value as a root scalar.
-func patchOf(value []byte) *jentry {
+func patchOf(value []byte) *jnode {
 	if p, ok := decodePatch(value); ok {
 		return p
 	}
-	return &jentry{this: true, kind: jScalar, scalar: value}
+	return &jnode{kind: &jassign{kind: jScalar, scalar: value}}
 }
 
 // ----- hooks in the write paths -----
+
+// regOf is the register of op i of c.
+func regOf(c *Change, i int) jreg {
+	return jreg{wall: c.Stamp.Wall, logical: c.Stamp.Logical, repl: c.Replica, op: uint32(i)}
+}
 
 // jsonLocalPut is a local put of value on JSON key: the patch against the
 // key's document goes into the change, the rendered value into the index
@@ -607,10 +666,13 @@ func (w *writer) jsonLocalPut(key, value []byte, lease int64) {
 		d = k.doc
 	}
 	patch := localPatch(d, value)
+	if patch == nil {
+		patch = &jnode{} // the same object again: nothing to assign (the lease may change)
+	}
 	reg := jreg{wall: sentinelWall, repl: s.id, op: uint32(len(w.ops))}
 	nd := d.applyPatch(patch, lease, reg)
 	opValue := value
-	if patch.kind != jScalar || !patch.this || bytes.HasPrefix(value, patchMagic) {
+	if patch.kind == nil || patch.kind.kind != jScalar || bytes.HasPrefix(value, patchMagic) {
 		// A scalar root travels as itself (patchOf reads it back so),
 		// unless it would read as a patch.
 		opValue = encodePatch(patch)
@@ -618,11 +680,6 @@ func (w *writer) jsonLocalPut(key, value []byte, lease int64) {
 	w.putOp(key, nd.render(), opValue, nd.lease)
 	s.keys[string(key)].doc = nd
 	w.unstamped = true
-}
-
-// regOf is the register of op i of c.
-func regOf(c *Change, i int) jreg {
-	return jreg{wall: c.Stamp.Wall, logical: c.Stamp.Logical, repl: c.Replica, op: uint32(i)}
 }
 
 // jsonLocalDelete records a delete of a JSON key in its document (w.del
@@ -676,10 +733,11 @@ func jsonEffect(cur *val, d *jdoc, op Op, reg jreg) (*jdoc, bool) {
 	} else {
 		nd = d.deleted(reg)
 	}
+	live := nd.live()
 	switch {
 	case cur == nil:
-		return nd, nd.live()
-	case !nd.live():
+		return nd, live
+	case !live:
 		return nd, true
 	}
 	return nd, !bytes.Equal(cur.value, nd.render()) || cur.lease != nd.lease
@@ -699,44 +757,53 @@ func (s *State) fixStamps(c *Change) {
 			continue
 		}
 		d := *k.doc
-		d.root = stampEntry(d.root, c.Stamp)
-		if d.leaseReg.wall == sentinelWall {
-			d.leaseReg.wall, d.leaseReg.logical = c.Stamp.Wall, c.Stamp.Logical
-		}
+		d.root = stampNode(d.root, c.Stamp)
+		d.leaseReg = stampReg(d.leaseReg, c.Stamp)
 		k.doc = &d
 	}
 }
 
-// stampEntry copies e with sentinel registers stamped (sharing the
+func stampReg(r jreg, st HLC) jreg {
+	if r.wall == sentinelWall {
+		r.wall, r.logical = st.Wall, st.Logical
+	}
+	return r
+}
+
+// stampNode copies n with sentinel registers stamped (sharing the
 // subtrees that hold none).
-func stampEntry(e *jentry, st HLC) *jentry {
-	if e == nil {
+func stampNode(n *jnode, st HLC) *jnode {
+	if n == nil {
 		return nil
 	}
-	out := *e
+	out := *n
 	changed := false
-	if e.reg.wall == sentinelWall {
-		out.reg.wall, out.reg.logical = st.Wall, st.Logical
-		changed = true
+	if n.kind != nil && n.kind.reg.wall == sentinelWall {
+		k := *n.kind
+		k.reg = stampReg(k.reg, st)
+		out.kind, changed = &k, true
+	}
+	if n.clear.wall == sentinelWall {
+		out.clear, changed = stampReg(n.clear, st), true
 	}
 	copied := false
-	for n, f := range e.fields {
-		nf := stampEntry(f, st)
+	for name, f := range n.fields {
+		nf := stampNode(f, st)
 		if nf == f {
 			continue
 		}
 		if !copied {
-			out.fields = make(map[string]*jentry, len(e.fields))
-			for k, v := range e.fields {
+			out.fields = make(map[string]*jnode, len(n.fields))
+			for k, v := range n.fields {
 				out.fields[k] = v
 			}
 			copied = true
 		}
-		out.fields[n] = nf
+		out.fields[name] = nf
 		changed = true
 	}
 	if !changed {
-		return e
+		return n
 	}
 	return &out
 }
@@ -752,12 +819,10 @@ type JSONReg struct {
 }
 
 // JSONAssign is one assignment a put or delete op of a JSON key makes: at
-// Path (nil: the root), inside the objects whose registers are Under
-// (outermost first, one per element of Path), the value Kind ("absent",
-// "scalar" or "object") with Scalar's bytes.
+// Path (nil: the root), the value Kind ("absent", "scalar" or "object")
+// with Scalar's bytes.
 type JSONAssign struct {
 	Path   []string
-	Under  []JSONReg
 	Reg    JSONReg
 	Kind   string
 	Scalar []byte
@@ -768,34 +833,27 @@ type JSONAssign struct {
 // without the join.
 func JSONAssignments(c *Change, i int) []JSONAssign {
 	op := c.Ops[i]
-	reg := regOf(c, i)
-	var root *jentry
+	root := deletePatch
 	if op.Kind == OpPut {
 		root = patchOf(op.Value)
-	} else {
-		root = &jentry{this: true, kind: jAbsent}
 	}
+	reg := JSONReg{Stamp: c.Stamp, Replica: c.Replica, Op: uint32(i)}
 	var out []JSONAssign
-	var walk func(e *jentry, path []string, under []JSONReg)
-	walk = func(e *jentry, path []string, under []JSONReg) {
-		r := e.reg
-		if e.this {
-			r = reg
+	var walk func(p *jnode, path []string)
+	walk = func(p *jnode, path []string) {
+		if p.kind != nil {
+			out = append(out, JSONAssign{Path: slices.Clone(path), Reg: reg,
+				Kind: map[jkind]string{jAbsent: "absent", jScalar: "scalar", jObject: "object"}[p.kind.kind], Scalar: p.kind.scalar})
 		}
-		jr := JSONReg{Stamp: HLC{Wall: r.wall, Logical: r.logical}, Replica: r.repl, Op: r.op}
-		if e.this {
-			out = append(out, JSONAssign{Path: slices.Clone(path), Under: slices.Clone(under), Reg: jr,
-				Kind: [...]string{"absent", "scalar", "object"}[e.kind], Scalar: e.scalar})
-		}
-		names := make([]string, 0, len(e.fields))
-		for n := range e.fields {
+		names := make([]string, 0, len(p.fields))
+		for n := range p.fields {
 			names = append(names, n)
 		}
 		sort.Strings(names)
 		for _, n := range names {
-			walk(e.fields[n], append(path, n), append(under, jr))
+			walk(p.fields[n], append(slices.Clone(path), n))
 		}
 	}
-	walk(root, nil, nil)
+	walk(root, nil)
 	return out
 }

@@ -264,11 +264,11 @@ func (w *jsonWorld) values(s *State) map[string]string {
 }
 
 // jsonModel is the reference merge, computed without join: a JSON key's
-// value is found from the flat list of assignments every change made
-// (JSONAssignments), by the rule as the package doc states it: at each
-// path the largest register wins, and an object's fields are the
-// assignments made inside that very object (Under names its register). A
-// plain key is whole-value last writer wins by (stamp, replica).
+// value is found from the flat set of assignments every change made
+// (JSONAssignments), by the rule as the package doc states it: per path
+// the largest assignment, hidden when made before a larger absent or
+// scalar assignment at the path or above it. A plain key is whole-value
+// last writer wins by (stamp, replica).
 func jsonModel(t *testing.T, encs [][]byte, vm ValueMerge) map[string]string {
 	type plain struct {
 		reg  JSONReg
@@ -304,18 +304,18 @@ func jsonModel(t *testing.T, encs [][]byte, vm ValueMerge) map[string]string {
 		}
 	}
 	for k, as := range assigns {
-		if v, ok := modelValue(as, nil, nil); ok {
-			if v.kind == "scalar" {
-				out[k] = string(v.scalar)
-			} else {
-				var b bytes.Buffer
-				enc := json.NewEncoder(&b)
-				enc.SetEscapeHTML(false)
-				if err := enc.Encode(v.obj()); err != nil {
-					t.Fatal(err)
-				}
-				out[k] = string(bytes.TrimSuffix(b.Bytes(), []byte("\n")))
+		v := modelValue(as, nil, JSONReg{})
+		switch v.kind {
+		case "scalar":
+			out[k] = string(v.scalar)
+		case "object":
+			var b bytes.Buffer
+			enc := json.NewEncoder(&b)
+			enc.SetEscapeHTML(false)
+			if err := enc.Encode(v.obj()); err != nil {
+				t.Fatal(err)
 			}
+			out[k] = string(bytes.TrimSuffix(b.Bytes(), []byte("\n")))
 		}
 	}
 	return out
@@ -332,7 +332,7 @@ func regLess(a, b JSONReg) bool {
 }
 
 type modelVal struct {
-	kind   string
+	kind   string // "absent", "scalar", "object"
 	scalar []byte
 	fields map[string]*modelVal
 }
@@ -348,39 +348,58 @@ func (v *modelVal) obj() any {
 	return m
 }
 
-// modelValue is the visible value at path inside the objects under:
-// the winning assignment among those made there.
-func modelValue(as []JSONAssign, path []string, under []JSONReg) (*modelVal, bool) {
+// modelValue is what path shows when its ancestors' largest absent or
+// scalar assignment is clear: its largest assignment unless older than
+// clear; its fields (every name some assignment below path goes through)
+// shown under the larger of clear and path's own largest absent or scalar
+// assignment; an object if a field shows or it was assigned an object.
+func modelValue(as []JSONAssign, path []string, clear JSONReg) *modelVal {
 	var win *JSONAssign
+	inner := clear
+	names := map[string]bool{}
 	for i := range as {
 		a := &as[i]
-		if !slices.Equal(a.Path, path) || !slices.Equal(a.Under, under) {
-			continue
-		}
-		if win == nil || regLess(win.Reg, a.Reg) {
-			win = a
-		}
-	}
-	if win == nil || win.Kind == "absent" {
-		return nil, false
-	}
-	if win.Kind == "scalar" {
-		return &modelVal{kind: "scalar", scalar: win.Scalar}, true
-	}
-	v := &modelVal{kind: "object", fields: map[string]*modelVal{}}
-	inner := append(slices.Clone(under), win.Reg)
-	names := map[string]bool{}
-	for _, a := range as {
-		if len(a.Path) == len(path)+1 && slices.Equal(a.Path[:len(path)], path) && slices.Equal(a.Under, inner) {
+		if len(a.Path) > len(path) && slices.Equal(a.Path[:len(path)], path) {
 			names[a.Path[len(path)]] = true
 		}
-	}
-	for n := range names {
-		if f, ok := modelValue(as, append(slices.Clone(path), n), inner); ok {
-			v.fields[n] = f
+		if !slices.Equal(a.Path, path) {
+			continue
+		}
+		if win == nil || regLess(win.Reg, a.Reg) || (win.Reg == a.Reg && assignLess(win, a)) {
+			win = a
+		}
+		if a.Kind != "object" && regLess(inner, a.Reg) {
+			inner = a.Reg
 		}
 	}
-	return v, true
+	if win != nil && regLess(win.Reg, clear) {
+		win = nil
+	}
+	v := &modelVal{kind: "absent"}
+	fields := map[string]*modelVal{}
+	for n := range names {
+		if f := modelValue(as, append(slices.Clone(path), n), inner); f.kind != "absent" {
+			fields[n] = f
+		}
+	}
+	switch {
+	case len(fields) > 0 || (win != nil && win.Kind == "object"):
+		v = &modelVal{kind: "object", fields: fields}
+	case win != nil && win.Kind == "scalar":
+		v = &modelVal{kind: "scalar", scalar: win.Scalar}
+	}
+	return v
+}
+
+// assignLess orders two assignments with one register (only a corrupt
+// history has them) as the core does: kind (absent < scalar < object),
+// then bytes.
+func assignLess(a, b *JSONAssign) bool {
+	rank := map[string]int{"absent": 1, "scalar": 2, "object": 3}
+	if rank[a.Kind] != rank[b.Kind] {
+		return rank[a.Kind] < rank[b.Kind]
+	}
+	return bytes.Compare(a.Scalar, b.Scalar) < 0
 }
 
 // TestJSONMergeConverges: replicas editing JSON documents concurrently and
@@ -443,29 +462,30 @@ func checkJSONWorld(t *testing.T, w *jsonWorld, seed uint64) {
 func docsEqual(a, b *State) bool {
 	for k, ka := range a.keys {
 		kb := b.keys[k]
-		if kb == nil || !entryEqual(docRoot(ka.doc), docRoot(kb.doc)) {
+		if kb == nil || !nodeEqual(docRoot(ka.doc), docRoot(kb.doc)) {
 			return false
 		}
 	}
 	return len(a.keys) == len(b.keys)
 }
 
-func docRoot(d *jdoc) *jentry {
+func docRoot(d *jdoc) *jnode {
 	if d == nil {
 		return nil
 	}
 	return d.root
 }
 
-func entryEqual(a, b *jentry) bool {
+func nodeEqual(a, b *jnode) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	if compareEntry(a, b) != 0 || len(a.fields) != len(b.fields) {
+	if (a.kind == nil) != (b.kind == nil) || (a.kind != nil && compareAssign(a.kind, b.kind) != 0) ||
+		a.clear != b.clear || len(a.fields) != len(b.fields) {
 		return false
 	}
 	for n, f := range a.fields {
-		if !entryEqual(f, b.fields[n]) {
+		if !nodeEqual(f, b.fields[n]) {
 			return false
 		}
 	}
@@ -521,37 +541,47 @@ func TestJSONMergeChecksCatchBreakage(t *testing.T) {
 	t.Fatal("no JSON put to drop")
 }
 
-// TestJSONJoinLaws checks the join's algebra directly on random documents:
+// TestJSONJoinLaws checks the join's algebra directly on random states:
 // commutative, associative, idempotent.
 func TestJSONJoinLaws(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 5))
-	var gen func(depth int) *jentry
-	gen = func(depth int) *jentry {
-		e := &jentry{reg: jreg{wall: int64(r.IntN(3)), repl: ReplicaID(r.IntN(2)), op: uint32(r.IntN(2))}}
+	reg := func() jreg { return jreg{wall: int64(r.IntN(3)), repl: ReplicaID(r.IntN(2)), op: uint32(r.IntN(2))} }
+	var gen func(depth int) *jnode
+	gen = func(depth int) *jnode {
+		n := &jnode{}
 		switch k := r.IntN(4); {
 		case k == 0:
-			e.kind = jAbsent
-		case k == 1 || depth > 2:
-			e.kind, e.scalar = jScalar, []byte{byte('a' + r.IntN(3))}
+		case k == 1:
+			n.kind = &jassign{reg: reg(), kind: jAbsent}
+		case k == 2:
+			n.kind = &jassign{reg: reg(), kind: jScalar, scalar: []byte{byte('a' + r.IntN(3))}}
 		default:
-			e.kind, e.fields = jObject, map[string]*jentry{}
-			for _, n := range []string{"x", "y", "z"} {
-				if r.IntN(2) == 0 {
-					e.fields[n] = gen(depth + 1)
+			n.kind = &jassign{reg: reg(), kind: jObject}
+		}
+		if r.IntN(2) == 0 {
+			n.clear = reg()
+		}
+		if depth < 3 {
+			for _, f := range []string{"x", "y", "z"} {
+				if r.IntN(3) == 0 {
+					if n.fields == nil {
+						n.fields = map[string]*jnode{}
+					}
+					n.fields[f] = gen(depth + 1)
 				}
 			}
 		}
-		return e
+		return n
 	}
 	for range 5000 {
 		a, b, c := gen(0), gen(0), gen(0)
-		if !entryEqual(join(a, b), join(b, a)) {
+		if !nodeEqual(join(a, b), join(b, a)) {
 			t.Fatal("join is not commutative")
 		}
-		if !entryEqual(join(join(a, b), c), join(a, join(b, c))) {
+		if !nodeEqual(join(join(a, b), c), join(a, join(b, c))) {
 			t.Fatal("join is not associative")
 		}
-		if !entryEqual(join(a, a), a) {
+		if !nodeEqual(join(a, a), a) {
 			t.Fatal("join is not idempotent")
 		}
 	}
@@ -567,15 +597,15 @@ func TestJSONPatchEncoding(t *testing.T) {
 	if !ok || !bytes.Equal(encodePatch(got), enc) {
 		t.Fatalf("patch does not round-trip: %x", enc)
 	}
-	if string(d.applyPatch(got, 0, jreg{wall: 6, repl: 1}).render()) != `{"a":2,"n":{"x":"<","y":[1,2]}}` {
-		t.Fatalf("rendered %s", d.applyPatch(got, 0, jreg{wall: 6, repl: 1}).render())
+	if r := d.applyPatch(got, 0, jreg{wall: 6, repl: 1}).render(); string(r) != `{"a":2,"n":{"x":"<","y":[1,2]}}` {
+		t.Fatalf("rendered %s", r)
 	}
 	for i := range len(enc) {
 		if _, ok := decodePatch(enc[:i]); ok {
 			t.Fatalf("prefix %d of a patch decodes", i)
 		}
 	}
-	for _, v := range []string{`{"a":1}`, `[1]`, `"s"`, ``, "\xf5j\x01\x00\x09"} {
+	for _, v := range []string{`{"a":1}`, `[1]`, `"s"`, ``, "\xf5j\x01\x00\x09", "\xf5j\x01\x02\x01x\x01\x00\x00"} {
 		if _, ok := decodePatch([]byte(v)); ok {
 			t.Fatalf("%q decodes as a patch", v)
 		}
@@ -585,7 +615,7 @@ func TestJSONPatchEncoding(t *testing.T) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	if fmt.Sprint(names) != "[a n]" {
-		t.Fatalf("patch of an edit of a and n.y touches %v", names)
+	if fmt.Sprint(names) != "[a n]" || p.kind != nil || p.fields["n"].kind != nil || len(p.fields["n"].fields) != 1 {
+		t.Fatalf("patch of an edit of a and n.y: %s", enc)
 	}
 }

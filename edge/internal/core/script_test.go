@@ -506,48 +506,57 @@ func regString(r jreg) string {
 	return fmt.Sprintf("r%d@%s/%d", r.repl, stampString(HLC{Wall: r.wall, Logical: r.logical}), r.op)
 }
 
-// docString prints a document one entry a line, fields indented.
-func docString(b *strings.Builder, e *jentry, name string, depth int) {
+// docString prints a document one path a line, fields indented: the
+// path's largest assignment and its largest clear (absent or scalar).
+func docString(b *strings.Builder, n *jnode, name string, depth int) {
 	ind := strings.Repeat("  ", depth)
 	if name == "" {
 		name = "(root)"
 	}
-	switch e.kind {
-	case jAbsent:
-		fmt.Fprintf(b, "%s%s absent %s\n", ind, name, regString(e.reg))
-	case jScalar:
-		fmt.Fprintf(b, "%s%s = %s %s\n", ind, name, q(e.scalar), regString(e.reg))
-	case jObject:
-		fmt.Fprintf(b, "%s%s {} %s\n", ind, name, regString(e.reg))
-		names := make([]string, 0, len(e.fields))
-		for n := range e.fields {
-			names = append(names, n)
+	fmt.Fprintf(b, "%s%s", ind, name)
+	if n.kind != nil {
+		switch n.kind.kind {
+		case jAbsent:
+			b.WriteString(" absent")
+		case jScalar:
+			fmt.Fprintf(b, " = %s", q(n.kind.scalar))
+		case jObject:
+			b.WriteString(" {}")
 		}
-		sort.Strings(names)
-		for _, n := range names {
-			docString(b, e.fields[n], n, depth+1)
-		}
+		fmt.Fprintf(b, " by %s", regString(n.kind.reg))
+	}
+	if n.clear != (jreg{}) {
+		fmt.Fprintf(b, ", cleared by %s", regString(n.clear))
+	}
+	b.WriteString("\n")
+	names := make([]string, 0, len(n.fields))
+	for f := range n.fields {
+		names = append(names, f)
+	}
+	sort.Strings(names)
+	for _, f := range names {
+		docString(b, n.fields[f], f, depth+1)
 	}
 }
 
 // patchString shows a JSON patch: "=V" assigns a scalar, "-" absent,
-// ":={...}" a new object; "@REG{...}" edits inside the existing object
-// with that register.
-func patchString(e *jentry) string {
+// ":=" an object; "{...}" lists the fields below (without an assignment
+// of its own the path is only the way to them).
+func patchString(p *jnode) string {
 	var b strings.Builder
-	switch {
-	case e.kind == jScalar && e.this:
-		b.WriteString("=" + q(e.scalar))
-	case e.kind == jAbsent && e.this:
-		b.WriteString("-")
-	case e.kind == jObject:
-		if e.this {
+	if p.kind != nil {
+		switch p.kind.kind {
+		case jScalar:
+			b.WriteString("=" + q(p.kind.scalar))
+		case jAbsent:
+			b.WriteString("-")
+		case jObject:
 			b.WriteString(":=")
-		} else {
-			b.WriteString("@" + regString(e.reg))
 		}
-		names := make([]string, 0, len(e.fields))
-		for n := range e.fields {
+	}
+	if len(p.fields) > 0 || (p.kind != nil && p.kind.kind == jObject) || p.kind == nil {
+		names := make([]string, 0, len(p.fields))
+		for n := range p.fields {
 			names = append(names, n)
 		}
 		sort.Strings(names)
@@ -556,11 +565,9 @@ func patchString(e *jentry) string {
 			if i > 0 {
 				b.WriteString(" ")
 			}
-			b.WriteString(n + patchString(e.fields[n]))
+			b.WriteString(n + patchString(p.fields[n]))
 		}
 		b.WriteString("}")
-	default:
-		b.WriteString(fmt.Sprintf("?%d", e.kind))
 	}
 	return b.String()
 }
