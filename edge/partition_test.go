@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/aethermesh/aether/edge/internal/core"
 )
@@ -134,6 +135,18 @@ func TestPartitions(t *testing.T) {
 	d := waitCaughtUp(t, running(), time.Now(), "isolate a")
 	bounds = append(bounds, fmt.Sprintf("isolate=%v", d.Round(time.Millisecond)))
 
+	// A watch resuming from a past revision at each replica (a client
+	// that reconnects with the revision it had): it must deliver exactly
+	// what followed, then live events.
+	resumed := map[string]*watchRec{}
+	for _, n := range names {
+		s := m.c.srv[n]
+		s.mu.RLock()
+		from := max(2, s.st.Rev()-30)
+		s.mu.RUnlock()
+		resumed[n] = recordWatch(t, s, n+"/resumed", "", from)
+	}
+
 	// 2. Two against two, with a JSON edit of a field of its own at each
 	// side, and of one common field (the later edit wins).
 	m.partition([]string{"a", "b"}, []string{"c", "d"})
@@ -223,7 +236,7 @@ func TestPartitions(t *testing.T) {
 		}
 	}
 	for _, n := range names {
-		checkWatches(t, m.c.srv[n], n, all[n], pref[n])
+		checkWatches(t, m.c.srv[n], n, all[n], pref[n], resumed[n])
 		checkLinearizable(t, sites[n], all[n])
 	}
 }
@@ -258,4 +271,63 @@ func TestSiteChecksCatchViolations(t *testing.T) {
 	if len(w.errs) != 1 || !strings.Contains(w.errs[0], "monotonic reads") {
 		t.Fatalf("a key's value going back: %q", w.errs)
 	}
+}
+
+// A lease's owner cut off by a partition (not stopped): it keeps expiring
+// its leases by its own clock, the other side keeps showing the lease
+// (granted TTL, no local expiry) and its keys, refuses keepalives for it,
+// and deletes the keys as ordinary events when the owner's expiry arrives
+// after the heal.
+func TestPartitionLeaseOwnerCutOff(t *testing.T) {
+	names := []string{"a", "b", "c"}
+	m := newMesh(t, names)
+	ctx := testCtx(t)
+	ca, cb := newClient(t, m.c.srv["a"]), newClient(t, m.c.srv["b"])
+	lease, err := ca.Grant(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.Put(ctx, "/leased", "v", clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"b", "c"} {
+		cli := newClientQuiet(t, m.c.srv[n])
+		eventually(t, 10*time.Second, n+" to get the leased key", func() bool {
+			r, err := cli.Get(ctx, "/leased")
+			return err == nil && len(r.Kvs) == 1 && r.Kvs[0].Lease == int64(lease.ID)
+		})
+	}
+	r, err := cb.Get(ctx, "/leased")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := cb.Watch(ctx, "/leased", clientv3.WithRev(r.Header.Revision+1))
+	m.partition([]string{"a"}, []string{"b", "c"})
+	// The owner expires the lease by its clock (no keepalive): the key
+	// goes at a while the partition lasts.
+	eventually(t, 10*time.Second, "a to expire its lease", func() bool {
+		r, err := ca.Get(ctx, "/leased")
+		return err == nil && len(r.Kvs) == 0
+	})
+	r, err = cb.Get(ctx, "/leased")
+	if err != nil || len(r.Kvs) != 1 {
+		t.Fatalf("b lost the key while the owner is cut off: %v %v", r, err)
+	}
+	ttl, err := cb.TimeToLive(ctx, lease.ID, clientv3.WithAttachedKeys())
+	if err != nil || ttl.GrantedTTL != 2 || ttl.TTL < 2 || len(ttl.Keys) != 1 {
+		t.Fatalf("b's view of the cut-off owner's lease: %+v %v", ttl, err)
+	}
+	if _, err := cb.KeepAliveOnce(ctx, lease.ID); err == nil {
+		t.Fatal("b renewed a lease it does not own")
+	}
+	m.heal()
+	select {
+	case resp := <-w:
+		if len(resp.Events) != 1 || resp.Events[0].Type != mvccpb.DELETE {
+			t.Fatalf("b's watcher after the heal: %+v", resp)
+		}
+	case <-ctx.Done():
+		t.Fatal("the owner's expiry never reached b")
+	}
+	waitConvergedWithin(t, m.c.running(), time.Now(), "lease expiry")
 }
