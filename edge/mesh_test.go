@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"net"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -47,32 +49,30 @@ type mesh struct {
 func newMesh(t *testing.T, names []string) *mesh {
 	t.Helper()
 	m := &mesh{t: t, c: newTestCluster(t, names, nil), links: map[[2]string]*faultproxy.Proxy{}}
-	reserved := map[string]bool{}
-	for _, n := range names {
-		reserved[m.c.peer[n].Host] = true
+	// Each replica's peer port is reserved (listened on, then closed)
+	// before any replica starts, and the many connections of the mesh
+	// (proxies dialling, clients) take ephemeral ports from 127.0.0.1: one
+	// of them can land on a reserved port and make the replica's listen
+	// fail. Peer URLs on addresses of their own (127.0.0.11, ...) are out of
+	// their way: a connection to loopback leaves from 127.0.0.1.
+	for i, n := range names {
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.%d:0", 11+i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.c.peer[n] = url.URL{Scheme: "http", Host: l.Addr().String()}
+		_ = l.Close()
 	}
 	for _, a := range names {
 		for _, b := range names {
 			if a == b {
 				continue
 			}
-			// The peer ports are reserved by closing a listener, so a
-			// proxy's free port may be one of them: pick again.
-			var held []*faultproxy.Proxy
-			for {
-				p, err := faultproxy.Start(m.c.peer[b].Host)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !reserved[p.Addr()] {
-					m.links[[2]string{a, b}] = p
-					break
-				}
-				held = append(held, p)
+			p, err := faultproxy.Start(m.c.peer[b].Host)
+			if err != nil {
+				t.Fatal(err)
 			}
-			for _, p := range held {
-				_ = p.Close()
-			}
+			m.links[[2]string{a, b}] = p
 		}
 	}
 	// Proxies close after the replicas (cleanups run last-in first-out):
