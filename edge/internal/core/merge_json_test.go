@@ -619,3 +619,30 @@ func TestJSONPatchEncoding(t *testing.T) {
 		t.Fatalf("patch of an edit of a and n.y: %s", enc)
 	}
 }
+
+// TestJSONPatchIsAnEdit: what a change carries for an edit of one field
+// of a large document is the edit, not the document (sync bytes scale
+// with the edit).
+func TestJSONPatchIsAnEdit(t *testing.T) {
+	s := New(1)
+	s.SetValueMerge(ValueMerge{JSON: true})
+	doc := map[string]any{}
+	for i := range 100 {
+		doc[fmt.Sprintf("field-%03d", i)] = fmt.Sprintf("value %d of some length", i)
+	}
+	full, _ := json.Marshal(doc)
+	now := time.Unix(1_800_000_000, 0)
+	if _, _, err := s.Put(now, &pb.PutRequest{Key: []byte("d"), Value: full}); err != nil {
+		t.Fatal(err)
+	}
+	doc["field-042"] = "changed"
+	edited, _ := json.Marshal(doc)
+	_, a, err := s.Put(now.Add(time.Second), &pb.PutRequest{Key: []byte("d"), Value: edited})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(a.Change.Ops[0].Value); n > 32 {
+		t.Fatalf("a one-field edit of a %d-byte document carries %d bytes", len(full), n)
+	}
+	t.Logf("document %d bytes; the edit's op value %d bytes, its change %d", len(full), len(a.Change.Ops[0].Value), len(a.Encoded))
+}
