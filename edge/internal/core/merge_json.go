@@ -459,10 +459,23 @@ func parseObject(value []byte) (*view, bool) {
 		return nil, false // trailing data
 	}
 	m, ok := v.(map[string]any)
-	if !ok {
+	if !ok || objectDepth(m) > maxPatchDepth {
+		// Deeper than a patch may be (receivers would not decode it):
+		// merged as a whole value instead, at the author too.
 		return nil, false
 	}
 	return objectView(m), true
+}
+
+// objectDepth is how deep objects nest in m (1: no object inside).
+func objectDepth(m map[string]any) int {
+	d := 0
+	for _, x := range m {
+		if sub, ok := x.(map[string]any); ok {
+			d = max(d, objectDepth(sub))
+		}
+	}
+	return d + 1
 }
 
 func objectView(m map[string]any) *view {

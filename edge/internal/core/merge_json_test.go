@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -645,4 +646,36 @@ func TestJSONPatchIsAnEdit(t *testing.T) {
 		t.Fatalf("a one-field edit of a %d-byte document carries %d bytes", len(full), n)
 	}
 	t.Logf("document %d bytes; the edit's op value %d bytes, its change %d", len(full), len(a.Change.Ops[0].Value), len(a.Encoded))
+}
+
+// TestJSONTooDeepIsAWholeValue: an object nested deeper than a patch may
+// be is merged as a whole value, at its author too, so a replay and every
+// receiver read the same bytes.
+func TestJSONTooDeepIsAWholeValue(t *testing.T) {
+	deep := strings.Repeat(`{"a":`, maxPatchDepth+1) + "1" + strings.Repeat("}", maxPatchDepth+1)
+	ok := strings.Repeat(`{"a":`, maxPatchDepth) + "1" + strings.Repeat("}", maxPatchDepth)
+	for _, tc := range []struct {
+		v     string
+		patch bool
+	}{{deep, false}, {ok, true}} {
+		s := New(1)
+		s.SetValueMerge(ValueMerge{JSON: true})
+		_, a, err := s.Put(time.Unix(1_800_000_000, 0), &pb.PutRequest{Key: []byte("d"), Value: []byte(tc.v)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, isPatch := decodePatch(a.Change.Ops[0].Value); isPatch != tc.patch {
+			t.Fatalf("depth %d: carried as a patch %v, want %v", strings.Count(tc.v, "{"), isPatch, tc.patch)
+		}
+		r := New(2)
+		r.SetValueMerge(ValueMerge{JSON: true})
+		if _, err := r.Merge(time.Unix(1_800_000_000, 0), a.Encoded); err != nil {
+			t.Fatal(err)
+		}
+		h1, _, _ := s.HashKV(0)
+		h2, _, _ := r.HashKV(0)
+		if h1 != h2 {
+			t.Fatalf("depth %d: author and receiver differ", strings.Count(tc.v, "{"))
+		}
+	}
 }
