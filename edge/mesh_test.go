@@ -354,8 +354,10 @@ func (w *site) editJSON(ctx context.Context, field, value string) {
 	}
 }
 
-// loop runs steps until stop is closed.
-func (w *site) loop(ctx context.Context, stop <-chan struct{}, wg *sync.WaitGroup) {
+// loop runs steps until stop is closed; a step runs under pause's read
+// lock, so the test can hold every client still (pause.Lock) between two
+// steps.
+func (w *site) loop(ctx context.Context, stop <-chan struct{}, pause *sync.RWMutex, wg *sync.WaitGroup) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -365,7 +367,9 @@ func (w *site) loop(ctx context.Context, stop <-chan struct{}, wg *sync.WaitGrou
 				return
 			default:
 			}
+			pause.RLock()
 			w.step(ctx)
+			pause.RUnlock()
 		}
 	}()
 }

@@ -105,8 +105,9 @@ func TestPartitions(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var pause sync.RWMutex
 	for _, n := range names {
-		sites[n].loop(ctx, stop, &wg)
+		sites[n].loop(ctx, stop, &pause, &wg)
 	}
 	stopped := false
 	defer func() {
@@ -117,6 +118,16 @@ func TestPartitions(t *testing.T) {
 	}()
 	running := func() []*Server { return m.c.running() }
 	var bounds []string
+	// settle measures a heal twice: under load, until every change held at
+	// the heal is everywhere; then, the clients held still, until every
+	// replica reports the same HashKV.
+	settle := func(what string, healed time.Time) {
+		d := waitCaughtUp(t, running(), healed, what)
+		pause.Lock()
+		defer pause.Unlock()
+		_, q := waitConvergedWithin(t, running(), time.Now(), what)
+		bounds = append(bounds, fmt.Sprintf("%s=%v(+%v to equal HashKV)", what, d.Round(time.Millisecond), q.Round(time.Millisecond)))
+	}
 
 	// A partition lasts long enough for each side to make a few hundred
 	// writes; the clients never pause.
@@ -132,8 +143,7 @@ func TestPartitions(t *testing.T) {
 	m.partition([]string{"a"}, []string{"b", "c", "d"})
 	hold(1500 * time.Millisecond)
 	m.heal()
-	d := waitCaughtUp(t, running(), time.Now(), "isolate a")
-	bounds = append(bounds, fmt.Sprintf("isolate=%v", d.Round(time.Millisecond)))
+	settle("isolate", time.Now())
 
 	// A watch resuming from a past revision at each replica (a client
 	// that reconnects with the revision it had): it must deliver exactly
@@ -165,8 +175,7 @@ func TestPartitions(t *testing.T) {
 	jsonAt("d", "common", "from-d") // later: wins
 	hold(1200 * time.Millisecond)
 	m.heal()
-	d = waitCaughtUp(t, running(), time.Now(), "split ab|cd")
-	bounds = append(bounds, fmt.Sprintf("split=%v", d.Round(time.Millisecond)))
+	settle("split", time.Now())
 	for _, n := range names {
 		r, err := newClientQuiet(t, m.c.srv[n]).Get(ctx, jsonDoc)
 		if err != nil || len(r.Kvs) != 1 {
@@ -197,8 +206,7 @@ func TestPartitions(t *testing.T) {
 		m.heal()
 		hold(50 * time.Millisecond)
 	}
-	d = waitCaughtUp(t, running(), time.Now(), "flap")
-	bounds = append(bounds, fmt.Sprintf("flap=%v", d.Round(time.Millisecond)))
+	settle("flap", time.Now())
 
 	close(stop)
 	wg.Wait()
