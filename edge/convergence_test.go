@@ -164,7 +164,10 @@ func testConvergence(t *testing.T, names []string) {
 	for _, p := range m.links {
 		p.SetLatency(2 * time.Millisecond)
 	}
-	ctx := testCtx(t)
+	// The load's own deadline: five replicas under the race detector on a
+	// loaded two-core machine take several times testCtx's 30s.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	var (
 		mu    sync.Mutex
 		acks  []ackedWrite

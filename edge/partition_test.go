@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -93,7 +94,11 @@ func waitConvergedWithin(t *testing.T, ss []*Server, since time.Time, what strin
 func TestPartitions(t *testing.T) {
 	names := []string{"a", "b", "c", "d"}
 	m := newMesh(t, names)
-	ctx := testCtx(t)
+	// The test's own deadline (testCtx's 30s is close to what this takes
+	// under the race detector on a loaded machine); each request still
+	// has its own 5s.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	sites := map[string]*site{}
 	all := map[string]*watchRec{}
 	pref := map[string]*watchRec{}
