@@ -57,7 +57,11 @@ func newPeer(y *syncer, m member) (*peer, error) {
 		}
 		creds = credentials.NewTLS(peerClientTLS(y.s.cfg.PeerTLS))
 	}
-	conn, err := grpc.NewClient(u.Host,
+	host := u.Host
+	if a, ok := y.s.cfg.peerDial[m.name]; ok {
+		host = a
+	}
+	conn, err := grpc.NewClient(host,
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(math.MaxInt32), grpc.MaxCallSendMsgSize(math.MaxInt32)),
 		// A peer cut off without a FIN (a partition) must end the stream,
@@ -131,7 +135,7 @@ func (p *peer) session(ctx context.Context) error {
 	defer cancel()
 	// Waiting for the connection leaves reconnecting to grpc's backoff
 	// (ours, set in newPeer) instead of stacking run's on top of it.
-	stream, err := p.client.Push(ctx, grpc.WaitForReady(true))
+	stream, err := p.client.Push(s.withValueMerge(ctx), grpc.WaitForReady(true))
 	if err != nil {
 		return fmt.Errorf("open push stream: %w", err)
 	}
@@ -143,6 +147,9 @@ func (p *peer) session(ctx context.Context) error {
 	}
 	first, err := stream.Recv()
 	if err != nil {
+		if isValueMergeRefusal(err) {
+			s.log.Warn("peer refuses to sync: value merge settings differ", "peer", p.m.name, "err", err)
+		}
 		return fmt.Errorf("receive vector: %w", err)
 	}
 	if first.GetMemberId() != p.m.id {

@@ -134,6 +134,10 @@ func (h *pushServer) Push(stream edgesyncv1.EdgeSync_PushServer) error {
 	if name == "" || hello.GetMemberId() == s.memberID {
 		return status.Errorf(codes.PermissionDenied, "edgesync: sender %x is not another member of this cluster", hello.GetMemberId())
 	}
+	if err := s.checkPeerValueMerge(stream.Context(), name); err != nil {
+		s.log.Warn("refusing a peer's sync stream", "peer", name, "err", err)
+		return err
+	}
 	if err := stream.Send(&edgesyncv1.Ack{MemberId: s.memberID, Vector: y.log.durableVector().proto()}); err != nil {
 		return err
 	}

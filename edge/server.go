@@ -111,6 +111,19 @@ type Config struct {
 	// passes it); a zero retention compacts nothing (autocompact.go).
 	AutoCompactionMode      string
 	AutoCompactionRetention time.Duration
+	// ValueMerge is how concurrent writes of a value merge: "bytes" (or
+	// empty; whole-value last writer wins) or "json" (every key merges as
+	// a JSON document, field by field: edge/internal/core/merge_json.go).
+	// ValueMergePrefixes, with "bytes", names the key prefixes that merge
+	// as JSON. Every replica must be configured alike (valuemerge.go).
+	ValueMerge         string
+	ValueMergePrefixes []string
+
+	// peerDial, for tests, maps a member name to the host:port its sync
+	// stream dials instead of its peer URL's host, so a test can put a
+	// fault proxy on each directed link (partition_test.go) while every
+	// replica agrees on the initial cluster (member ids derive from it).
+	peerDial map[string]string
 }
 
 // Server is one running edge replica.
@@ -133,6 +146,7 @@ type Server struct {
 	maxRequestBytes     int
 	maxTxnOps           int
 	progressInterval    time.Duration
+	valueMerge          core.ValueMerge
 
 	// mu is the state lock: every use of st holds it (reads: RLock).
 	mu sync.RWMutex
@@ -224,9 +238,12 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		return nil, errors.New("edge: at least one listen client URL is required")
 	}
 
+	var err error
+	if s.valueMerge, err = valueMergeOf(cfg); err != nil {
+		return nil, err
+	}
 	s.metrics = newServerMetrics(s)
 	s.sync = newSyncer(s)
-	var err error
 	if s.members, err = clusterMembers(cfg); err != nil {
 		return nil, err
 	}
@@ -277,8 +294,12 @@ func (s *Server) recover(ctx context.Context) error {
 	if err := s.loadAlarms(); err != nil {
 		return err
 	}
+	if err := s.checkValueMergeMeta(); err != nil {
+		return err
+	}
 	s.st = core.New(core.ReplicaID(s.memberID))
 	s.st.SetMaxTxnOps(s.maxTxnOps)
+	s.st.SetValueMerge(s.valueMerge)
 	// Storage can hold a checkpoint (a state snapshot bounding the log),
 	// but the core has no snapshot encoding yet, so this server never
 	// writes one; refuse a data dir that has one rather than replay only

@@ -93,7 +93,10 @@ package edge
 //   - Partitions (fault proxy): nothing to add to the protocol; a cut link
 //     is a broken or silent stream (gRPC keepalive ends it), and
 //     reconnection resumes from the vector.
-//   - JSON merge: it changes how core.Merge decides ops, not what is sent.
+//   - JSON merge (core/merge_json.go): a JSON key's put op carries a patch
+//     instead of the value; the protocol sends changes as before, and the
+//     Push stream's metadata carries the value-merge setting, which the
+//     receiver checks (valuemerge.go).
 //   - GC of causally stable changes: the acked vectors are exactly what a
 //     replica knows each peer holds; the elementwise minimum over every
 //     live replica is the stable point. In a complete graph a replica

@@ -220,6 +220,8 @@ type edgeSettings struct {
 	AutoCompactionRetention                                                  time.Duration
 	SyncPeers                                                                []string      // --sync-peers (edge/sync.go)
 	SyncInterval                                                             time.Duration // --sync-interval
+	ValueMerge                                                               string        // --value-merge
+	ValueMergePrefixes                                                       []string      // --value-merge-prefix (JSON prefixes)
 	Logger                                                                   *slog.Logger
 
 	// Ignored are the ignored flags that were set, sorted; already logged.
@@ -255,6 +257,7 @@ type edgeFlags struct {
 	autoCompactionMode, autoCompactionRet      string
 	syncPeers                                  string
 	syncInterval                               time.Duration
+	valueMerge, valueMergePrefix               string
 	version                                    bool
 	other                                      map[string]*capturedFlag
 	experimental                               map[string]*capturedFlag
@@ -304,6 +307,8 @@ func newEdgeFlags(args []string) *edgeFlags {
 	// Not etcd's: replication between edge replicas (edge/sync.go).
 	fs.StringVar(&f.syncPeers, "sync-peers", "", "Comma-separated names of the initial-cluster members this replica syncs with (empty: every other member).")
 	fs.DurationVar(&f.syncInterval, "sync-interval", 0, "Anti-entropy round interval per peer (0: 5s).")
+	fs.StringVar(&f.valueMerge, "value-merge", "bytes", "How concurrent writes of one key merge: 'bytes' (last writer wins) or 'json' (a JSON object merges field by field, recursively; other values last writer wins). Every member must use the same setting.")
+	fs.StringVar(&f.valueMergePrefix, "value-merge-prefix", "", "Comma-separated PREFIX=json entries: keys under PREFIX merge as JSON, the others as --value-merge bytes (e.g. '/config/=json'). Every member must use the same setting.")
 	fs.BoolVar(&f.version, "version", false, "Print the version and exit.")
 	for _, o := range edgeOtherFlags {
 		c := &capturedFlag{value: o.def, isBool: o.isBool}
@@ -548,6 +553,9 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 		return errors.New("--sync-interval must not be negative")
 	}
 	s.SyncInterval = f.syncInterval
+	if s.ValueMerge, s.ValueMergePrefixes, err = valueMergeSettings(f.valueMerge, f.valueMergePrefix); err != nil {
+		return err
+	}
 
 	client := transport.TLSInfo{CertFile: f.certFile, KeyFile: f.keyFile, TrustedCAFile: f.trustedCA, ClientCertAuth: f.clientCertAuth}
 	if s.ClientTLS, err = f.tlsConfig("client", client, f.autoTLS, s.ListenClientURLs, filepath.Join(s.DataDir, "fixtures", "client"), s.Logger); err != nil {
@@ -827,4 +835,31 @@ func compactionRetention(mode, retention string) (string, time.Duration, error) 
 		return "", 0, fmt.Errorf("--auto-compaction-retention %q: want a duration such as 5m, or a number of hours", retention)
 	}
 	return mode, d, nil
+}
+
+// valueMergeSettings reads --value-merge and --value-merge-prefix.
+func valueMergeSettings(mode, prefixes string) (string, []string, error) {
+	switch mode {
+	case "bytes", "json":
+	default:
+		return "", nil, fmt.Errorf("invalid value %q for --value-merge: valid values are \"bytes\", \"json\"", mode)
+	}
+	if prefixes == "" {
+		return mode, nil, nil
+	}
+	if mode == "json" {
+		return "", nil, errors.New("--value-merge-prefix needs --value-merge bytes: with --value-merge json every key already merges as JSON")
+	}
+	var out []string
+	for _, e := range strings.Split(prefixes, ",") {
+		p, m, ok := strings.Cut(e, "=")
+		switch {
+		case !ok || p == "":
+			return "", nil, fmt.Errorf("invalid entry %q for --value-merge-prefix: want PREFIX=json, e.g. /config/=json", e)
+		case m != "json":
+			return "", nil, fmt.Errorf("invalid mode %q for prefix %q in --value-merge-prefix: the only mode is \"json\" (other keys merge as --value-merge says)", m, p)
+		}
+		out = append(out, p)
+	}
+	return mode, out, nil
 }

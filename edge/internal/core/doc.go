@@ -86,6 +86,13 @@
 // revoke merged in deletes the keys its granter saw attached, not keys
 // attached here concurrently.
 //
+// # Structured values
+//
+// Keys configured for JSON merge (SetValueMerge) merge field by field
+// instead: their put ops carry a patch rather than the client's bytes, and
+// Merge, Replay and the local write path join it into the key's document.
+// merge_json.go states the rule, the encoding and the hooks.
+//
 // # Leases
 //
 // Lease ids a replica chooses are LeaseTag(replica)<<40 | sequence:

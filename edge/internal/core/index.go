@@ -54,6 +54,8 @@ type keyRec struct {
 	win     HLC
 	winRepl ReplicaID
 	dirty   bool // listed in State.dirty
+	// doc is a JSON key's merge state (merge_json.go); nil for other keys.
+	doc *jdoc
 }
 
 func (k *keyRec) isEmpty() bool {

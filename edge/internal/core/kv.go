@@ -245,7 +245,11 @@ func (s *State) put(w *writer, req *pb.PutRequest) *pb.PutResponse {
 			resp.PrevKv = prev
 		}
 	}
-	w.put(req.GetKey(), value, lease)
+	if s.vm.IsJSON(req.GetKey()) {
+		w.jsonLocalPut(req.GetKey(), value, lease)
+	} else {
+		w.put(req.GetKey(), value, lease)
+	}
 	resp.Header.Revision = w.begin + 1
 	return resp
 }

@@ -79,7 +79,12 @@ func wins(stamp HLC, r ReplicaID, k *keyRec) bool {
 // decided against the winner before the change, so they take effect, or
 // not, together and in order.
 func (s *State) mergeOps(w *writer, c *Change) {
-	for _, op := range c.Ops {
+	w.src, w.merge = c, true
+	for i, op := range c.Ops {
+		if (op.Kind == OpPut || op.Kind == OpDelete) && s.vm.IsJSON(op.Key) {
+			s.jsonMergeOp(w, c, i, false)
+			continue
+		}
 		switch op.Kind {
 		case OpPut:
 			if k := s.keys[string(op.Key)]; k != nil && !wins(c.Stamp, c.Replica, k) {
@@ -119,8 +124,26 @@ func (s *State) mergeOps(w *writer, c *Change) {
 // put or delete takes effect, else 0. Replay checks it before applying.
 func (s *State) mergeRev(c *Change) int64 {
 	live := map[string]bool{}
-	for _, op := range c.Ops {
+	docs := map[string]*jdoc{} // JSON keys: the documents after earlier ops that changed nothing visible
+	for i, op := range c.Ops {
 		if op.Kind != OpPut && op.Kind != OpDelete {
+			continue
+		}
+		if s.vm.IsJSON(op.Key) {
+			k := s.keys[string(op.Key)]
+			d, ok := docs[string(op.Key)]
+			if !ok && k != nil {
+				d = k.doc
+			}
+			var cur *val
+			if k != nil {
+				cur = k.live()
+			}
+			nd, change := jsonEffect(cur, d, op, regOf(c, i))
+			if change {
+				return s.rev + 1
+			}
+			docs[string(op.Key)] = nd
 			continue
 		}
 		k := s.keys[string(op.Key)]

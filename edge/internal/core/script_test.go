@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ import (
 // Directives:
 //
 //	put k=K v=V [lease=ID] [prev] [ignore-value] [ignore-lease]
+//	               (or the value, verbatim, as the input: for JSON)
 //	get k=K [end=E] [rev=R] [limit=N] [sort=(TARGET,ORDER)] [keys-only] [count-only]
 //	    [min-mod=R] [max-mod=R] [min-create=R] [max-create=R]
 //	del k=K [end=E] [prev]
@@ -34,6 +36,9 @@ import (
 //	on id=N [skew=D]   later directives act on replica N (created empty), its clock D off
 //	sync from=A to=B   B merges the changes of A it lacks (part 2's Merge)
 //	winner k=K     the (stamp, replica) that decided K, per the conflict rule
+//	value-merge json | value-merge prefix=P   JSON merge (merge_json.go) for every key or
+//	               keys under P, on every replica (existing and created later)
+//	doc k=K        K's JSON document: each entry's register and value
 //
 // Keys, values and ends are Go string literals without the quotes ("\x00").
 // Times start at t=0 and move on by tick.
@@ -56,6 +61,7 @@ type scriptHarness struct {
 	skew time.Duration
 	now  time.Time
 	reps map[ReplicaID]*scriptReplica
+	vm   ValueMerge
 }
 
 type scriptReplica struct {
@@ -75,6 +81,7 @@ func (h *scriptHarness) replica(id ReplicaID) *scriptReplica {
 	r := h.reps[id]
 	if r == nil {
 		r = &scriptReplica{s: New(id)}
+		r.s.SetValueMerge(h.vm)
 		h.reps[id] = r
 	}
 	return r
@@ -134,6 +141,9 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 	case "put":
 		req := &pb.PutRequest{Key: h.arg(t, d, "k"), Value: h.arg(t, d, "v"), Lease: h.num(t, d, "lease"),
 			PrevKv: d.HasArg("prev"), IgnoreValue: d.HasArg("ignore-value"), IgnoreLease: d.HasArg("ignore-lease")}
+		if !d.HasArg("v") && d.Input != "" {
+			req.Value = []byte(d.Input) // a JSON value, verbatim
+		}
 		resp, a, err := s.Put(h.local(), req)
 		if err == nil {
 			fmt.Fprintf(&b, "rev=%d", resp.Header.Revision)
@@ -290,6 +300,25 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 		if n == 0 {
 			b.WriteString("nothing new\n")
 		}
+	case "value-merge":
+		if d.HasArg("prefix") {
+			h.vm.Prefixes = append(h.vm.Prefixes, h.arg(t, d, "prefix"))
+		} else {
+			h.vm.JSON = true
+		}
+		h.s.SetValueMerge(h.vm)
+		for _, r := range h.reps {
+			r.s.SetValueMerge(h.vm)
+		}
+		fmt.Fprintf(&b, "value merge %s\n", h.vm)
+	case "doc":
+		k := s.keys[string(h.arg(t, d, "k"))]
+		if k == nil || k.doc == nil {
+			b.WriteString("no document\n")
+			break
+		}
+		docString(&b, k.doc.root, "", 0)
+		fmt.Fprintf(&b, "lease %d by %s\n", k.doc.lease, regString(k.doc.leaseReg))
 	case "winner":
 		st, r, ok := s.Winner(h.arg(t, d, "k"))
 		if !ok {
@@ -302,6 +331,7 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 		fmt.Fprintf(&b, "rev=%d index=%d compact=%d heads=%d hashkv=%08x\n", s.Rev(), s.Index(), s.CompactRev(), len(s.Heads()), hash)
 	case "replay":
 		r := New(s.Replica())
+		r.SetValueMerge(h.vm)
 		for _, a := range h.log {
 			if err := r.Replay(a.Encoded, a.Index, a.Rev); err != nil {
 				d.Fatalf(t, "replay: %v", err)
@@ -454,6 +484,9 @@ func opsString(ops []Op) string {
 		switch op.Kind {
 		case OpPut:
 			p := fmt.Sprintf("put %s=%s", q(op.Key), q(op.Value))
+			if pt, ok := decodePatch(op.Value); ok {
+				p = fmt.Sprintf("put %s patch%s", q(op.Key), patchString(pt))
+			}
 			if op.Lease != 0 {
 				p += fmt.Sprintf(" lease=%d", op.Lease)
 			}
@@ -467,4 +500,74 @@ func opsString(ops []Op) string {
 		}
 	}
 	return "[" + strings.Join(parts, ", ") + "]"
+}
+
+func regString(r jreg) string {
+	return fmt.Sprintf("r%d@%s/%d", r.repl, stampString(HLC{Wall: r.wall, Logical: r.logical}), r.op)
+}
+
+// docString prints a document one path a line, fields indented: the
+// path's largest assignment and its largest clear (absent or scalar).
+func docString(b *strings.Builder, n *jnode, name string, depth int) {
+	ind := strings.Repeat("  ", depth)
+	if name == "" {
+		name = "(root)"
+	}
+	fmt.Fprintf(b, "%s%s", ind, name)
+	if n.kind != nil {
+		switch n.kind.kind {
+		case jAbsent:
+			b.WriteString(" absent")
+		case jScalar:
+			fmt.Fprintf(b, " = %s", q(n.kind.scalar))
+		case jObject:
+			b.WriteString(" {}")
+		}
+		fmt.Fprintf(b, " by %s", regString(n.kind.reg))
+	}
+	if n.clear != (jreg{}) {
+		fmt.Fprintf(b, ", cleared by %s", regString(n.clear))
+	}
+	b.WriteString("\n")
+	names := make([]string, 0, len(n.fields))
+	for f := range n.fields {
+		names = append(names, f)
+	}
+	sort.Strings(names)
+	for _, f := range names {
+		docString(b, n.fields[f], f, depth+1)
+	}
+}
+
+// patchString shows a JSON patch: "=V" assigns a scalar, "-" absent,
+// ":=" an object; "{...}" lists the fields below (without an assignment
+// of its own the path is only the way to them).
+func patchString(p *jnode) string {
+	var b strings.Builder
+	if p.kind != nil {
+		switch p.kind.kind {
+		case jScalar:
+			b.WriteString("=" + q(p.kind.scalar))
+		case jAbsent:
+			b.WriteString("-")
+		case jObject:
+			b.WriteString(":=")
+		}
+	}
+	if len(p.fields) > 0 || (p.kind != nil && p.kind.kind == jObject) || p.kind == nil {
+		names := make([]string, 0, len(p.fields))
+		for n := range p.fields {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		b.WriteString("{")
+		for i, n := range names {
+			if i > 0 {
+				b.WriteString(" ")
+			}
+			b.WriteString(n + patchString(p.fields[n]))
+		}
+		b.WriteString("}")
+	}
+	return b.String()
 }

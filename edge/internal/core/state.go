@@ -75,6 +75,9 @@ type State struct {
 
 	leases   map[int64]*leaseRec
 	leaseSeq uint64
+
+	// vm says which keys merge as JSON documents (merge_json.go).
+	vm ValueMerge
 }
 
 type changeAt struct {
@@ -201,6 +204,12 @@ type writer struct {
 	ops   []Op
 	evs   []logEv
 	tombs []*keyRec // merged deletes of keys absent here: the winner changes, nothing else
+	// JSON merge (merge_json.go): src is the change being replayed or
+	// merged (nil: a local one, not stamped yet), merge says Merge is
+	// applying it, unstamped that its documents hold sentinel registers.
+	src       *Change
+	merge     bool
+	unstamped bool
 }
 
 func (s *State) newWriter() *writer { return &writer{s: s, begin: s.rev} }
@@ -214,7 +223,11 @@ func (w *writer) rev() int64 {
 	return w.begin
 }
 
-func (w *writer) put(key, value []byte, lease int64) {
+func (w *writer) put(key, value []byte, lease int64) { w.putOp(key, value, value, lease) }
+
+// putOp stores value in the index and records a put op carrying opValue
+// (they differ for JSON keys: the rendered document, and the patch).
+func (w *writer) putOp(key, value, opValue []byte, lease int64) {
 	s := w.s
 	main, sub := w.begin+1, int64(len(w.evs))
 	k := s.keys[string(key)]
@@ -240,7 +253,7 @@ func (w *writer) put(key, value []byte, lease int64) {
 	}
 	k.put(main, sub, v, false)
 	ev.cur = v
-	w.ops = append(w.ops, Op{Kind: OpPut, Key: k.key, Value: value, Lease: lease})
+	w.ops = append(w.ops, Op{Kind: OpPut, Key: k.key, Value: opValue, Lease: lease})
 	s.markDirty(k)
 	w.evs = append(w.evs, ev)
 }
@@ -255,6 +268,9 @@ func (w *writer) del(key []byte) {
 	}
 	if l := k.live().lease; l != 0 {
 		s.detach(l, key)
+	}
+	if !w.merge && s.vm.IsJSON(key) {
+		w.jsonLocalDelete(k)
 	}
 	k.tombstone(w.begin+1, int64(len(w.evs)))
 	w.ops = append(w.ops, Op{Kind: OpDelete, Key: k.key})
@@ -320,6 +336,9 @@ func (s *State) record(c *Change, enc []byte, w *writer) *Applied {
 	for _, k := range w.tombs {
 		k.win, k.winRepl = c.Stamp, c.Replica
 	}
+	if w.unstamped {
+		s.fixStamps(c)
+	}
 	s.known[id] = changeAt{index: s.index, rev: a.Rev}
 	s.advanceHeads(c.Parents, id)
 	if c.Stamp.Compare(s.clock) > 0 {
@@ -377,8 +396,12 @@ func (s *State) Compact(rev int64) error {
 		switch {
 		case k.isEmpty():
 			k.dirty = false
-			delete(s.keys, string(k.key))
-			s.order.remove(k.key)
+			// A JSON key's document outlives its versions: its
+			// tombstones decide what a late concurrent edit may change.
+			if k.doc == nil {
+				delete(s.keys, string(k.key))
+				s.order.remove(k.key)
+			}
 		case len(k.gens) > 1 || len(k.gens[0].revs) > 1:
 			next = append(next, k)
 		default:
@@ -602,9 +625,14 @@ func (s *State) checkOps(c *Change) error {
 // applyOps applies resolved ops through w; now is the grant time of the
 // leases the change grants.
 func (s *State) applyOps(w *writer, c *Change, now time.Time) {
-	for _, op := range c.Ops {
+	w.src = c
+	for i, op := range c.Ops {
 		switch op.Kind {
 		case OpPut:
+			if s.vm.IsJSON(op.Key) {
+				s.jsonMergeOp(w, c, i, true)
+				continue
+			}
 			w.put(op.Key, op.Value, op.Lease)
 		case OpDelete:
 			w.del(op.Key)
