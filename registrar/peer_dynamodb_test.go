@@ -2,6 +2,11 @@ package registrar_test
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -246,4 +251,57 @@ func syncs(t *testing.T, s *server.Server) uint64 {
 	}
 	t.Fatal("no metric registrar_sync_duration_seconds")
 	return 0
+}
+
+// tableGate forwards to dynalite, or, while down, answers 503 as an
+// unreachable endpoint's load balancer would: A cut off from the table.
+type tableGate struct {
+	proxy *httputil.ReverseProxy
+	down  atomic.Bool
+}
+
+func (g *tableGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if g.down.Load() {
+		http.Error(w, "service unavailable (the test's partition)", http.StatusServiceUnavailable)
+		return
+	}
+	g.proxy.ServeHTTP(w, r)
+}
+
+// A replica cut off from the table, then stopped with a write never
+// persisted: B showed the write at once through peer-watch, and its poll
+// removes it once the write's grace has passed; the table never held it.
+func TestPeerWatchDynamoDBUnconfirmedWriteRemovedByThePoll(t *testing.T) {
+	d := newDynamoTable(t)
+	u, err := url.Parse(d.endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate := &tableGate{proxy: httputil.NewSingleHostReverseProxy(u)}
+	front := httptest.NewServer(gate)
+	t.Cleanup(front.Close)
+	a := startAt(t, "127.0.0.1:0", d.on(front.URL))
+	b := d.start(t)
+	connected(t, b, 1)
+	ca, cb := dial(t, a.GRPCAddr()), dial(t, b.GRPCAddr())
+	ref := reference(t, cb)
+	streams := filteredStreams(t, cb, "b-")
+
+	gate.down.Store(true)
+	applied := time.Now()
+	deliveredBefore(t, a, ca, ref, "10.0.3.1", dynamoPeerBound, d.held(t))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = a.Close(ctx) // its last flush cannot land
+	cancel()
+	if k, ok := d.held(t)(ep("web", "10.0.3.1", 80)); ok {
+		t.Fatalf("the write reached the table (%s) though A was cut off", k)
+	}
+	waitFor(t, "B's poll removes the unconfirmed peer write", 60*time.Second, func() bool { return removed(ref, "10.0.3.1") })
+	if took := time.Since(applied); took < 3*peerBatch {
+		t.Fatalf("B removed the unconfirmed write after %v, before its grace", took)
+	}
+	if len(listAllEndpoints(t, cb).Endpoints) != 0 {
+		t.Fatal("B still lists the unconfirmed write")
+	}
+	checkGuarantees(t, cb, ref, nil, nil, streams...)
 }
