@@ -38,7 +38,7 @@ const (
 )
 
 // Scenarios lists every scenario group in the order Run runs them.
-var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge}
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioPeerWatch}
 
 // selected reports which groups o asks for, or an error naming an unknown one.
 func (o Options) selected() (map[string]bool, error) {
@@ -76,6 +76,7 @@ type Report struct {
 	Disruption  *DisruptionResult   `json:"disruption,omitempty"`
 	XDS         *XDSResult          `json:"xds,omitempty"`
 	Edge        *EdgeResult         `json:"edge,omitempty"`
+	PeerWatch   *PeerWatchResult    `json:"peer_watch,omitempty"`
 }
 
 // Run runs the selected scenarios in turn, printing progress to w.
@@ -130,6 +131,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioEdge] {
 		if err := runEdge(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioPeerWatch] {
+		if err := runPeerWatch(ctx, o, &r, w); err != nil {
 			return r, err
 		}
 	}
@@ -229,6 +235,9 @@ func (r Report) sections() []section {
 	}
 	if r.Edge != nil {
 		out = append(out, section{edgeBeginMark, edgeEndMark, r.edgeMarkdown})
+	}
+	if r.PeerWatch != nil {
+		out = append(out, section{peerBeginMark, peerEndMark, r.peerWatchMarkdown})
 	}
 	return out
 }
