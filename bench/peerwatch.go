@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -67,6 +68,9 @@ type CrossReplicaResult struct {
 type PeerWatchResult struct {
 	Propagation []CrossReplicaResult `json:"propagation"`
 	Battery     []disruption.Result  `json:"battery"`
+	// Load is the machine's 1-minute load average at the start and the
+	// end of the scenario: on a shared machine, what the tails depend on.
+	Load [2]float64 `json:"load"`
 }
 
 // pair is two registrars, A and B, on one store (an embedded etcd or a
@@ -245,7 +249,14 @@ func CrossReplica(ctx context.Context, cfg CrossReplicaConfig) (CrossReplicaResu
 			break
 		}
 		if time.Now().After(deadline) {
-			return CrossReplicaResult{}, fmt.Errorf("B's watcher saw %d of %d registrations", n, cfg.Changes)
+			mu.Lock()
+			var missing []string
+			for ip := range sent {
+				missing = append(missing, ip)
+			}
+			mu.Unlock()
+			sort.Strings(missing)
+			return CrossReplicaResult{}, fmt.Errorf("B's watcher saw %d of %d registrations within a minute; missing %v", n, cfg.Changes, missing[:min(len(missing), 10)])
 		}
 		time.Sleep(10 * time.Millisecond) // polling the condition, with the deadline above
 	}
@@ -276,8 +287,9 @@ func peerWatchBattery(quick bool) disruption.Config { return disruptionConfig(qu
 
 // PeerWatch runs the scenario: propagation on both backends with and
 // without peer-watch, then the battery runs.
-func PeerWatch(ctx context.Context, quick bool, w io.Writer) (PeerWatchResult, error) {
-	var out PeerWatchResult
+func PeerWatch(ctx context.Context, quick bool, w io.Writer) (out PeerWatchResult, err error) {
+	out.Load[0] = loadAvg()
+	defer func() { out.Load[1] = loadAvg() }()
 	dl, err := localDynamo()
 	if err != nil {
 		return out, err
@@ -346,8 +358,11 @@ func runPeerWatch(ctx context.Context, o Options, r *Report, w io.Writer) error 
 func (r Report) peerWatchMarkdown(b *strings.Builder) {
 	pw := r.PeerWatch
 	fmt.Fprintf(b, "### Peer-watch (last run %s)\n\n", r.Date)
-	fmt.Fprintf(b, "- Machine: %s\n- Command: `%s`\n\n", r.Machine, r.Command)
-	b.WriteString("**Cross-replica propagation.** Two registrar replicas, A and B, of one cluster on one store: an embedded etcd, or a fresh DynamoDB table on a local dynalite (npm 4.0.0, in memory; no network latency, so AWS adds its single-digit milliseconds per request to the DynamoDB rows without peer-watch). Registrations through A at 100/s (open loop), each timed from just before its RegisterEndpoint call to the event on a watcher of B. Without peer-watch B learns of a write from the backend: on etcd after A's write-behind flush and etcd's watch, on DynamoDB at its next poll of the table (`--sync-interval`). With peer-watch A streams its acknowledged writes to B at once. Every run at the CLI's default `--write-batch-interval` for its backend and peer-watch (100 ms, or 10 ms on etcd without peer-watch), and once on etcd without peer-watch at 100 ms, the default before peer-watch.\n\n")
+	fmt.Fprintf(b, "- Machine: %s\n- Command: `%s`\n", r.Machine, r.Command)
+	if pw.Load[0] > 0 {
+		fmt.Fprintf(b, "- Load average (1 min) at start / end: %.1f / %.1f (a shared machine: the tails move with it)\n", pw.Load[0], pw.Load[1])
+	}
+	b.WriteString("\n**Cross-replica propagation.** Two registrar replicas, A and B, of one cluster on one store: an embedded etcd, or a fresh DynamoDB table on a local dynalite (npm 4.0.0, in memory; no network latency, so AWS adds its single-digit milliseconds per request to the DynamoDB rows without peer-watch). Registrations through A at 100/s (open loop), each timed from just before its RegisterEndpoint call to the event on a watcher of B. Without peer-watch B learns of a write from the backend: on etcd after A's write-behind flush and etcd's watch, on DynamoDB at its next poll of the table (`--sync-interval`). With peer-watch A streams its acknowledged writes to B at once. Every run at the CLI's default `--write-batch-interval` for its backend and peer-watch (100 ms, or 10 ms on etcd without peer-watch), and once on etcd without peer-watch at 100 ms, the default before peer-watch.\n\n")
 	b.WriteString("| backend | sync | peer-watch | --write-batch-interval | rate | n | p50 | p99 | max | goal (p99 ≤ 50 ms with peer-watch) |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, p := range pw.Propagation {
 		goal := "—"
