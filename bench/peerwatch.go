@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -271,12 +270,25 @@ func CrossReplica(ctx context.Context, cfg CrossReplicaConfig) (CrossReplicaResu
 	}, nil
 }
 
-// localDynamo starts a dynalite for the scenario. The registrars take
-// their credentials from the AWS SDK's chain, as in production; dynalite
-// accepts any, but there must be some.
-func localDynamo() (*dynalite.Server, error) {
+// peerWatchPreflight checks, before any scenario runs, what the
+// peer-watch scenario needs beyond this binary, so that a run of every
+// scenario does not fail at its end: dynalite, and credentials. The
+// registrars take theirs from the AWS SDK's chain, as in production;
+// dynalite accepts any, but there must be some.
+func peerWatchPreflight() error {
+	if _, err := dynalite.Path(); err != nil {
+		return fmt.Errorf("scenario %s: %w", ScenarioPeerWatch, err)
+	}
 	if os.Getenv("AWS_ACCESS_KEY_ID") == "" && os.Getenv("AWS_PROFILE") == "" {
-		return nil, errors.New("the DynamoDB runs sign their requests with the AWS SDK's credential chain, which is empty: for the local dynalite any will do, e.g. AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test")
+		return fmt.Errorf("scenario %s: the DynamoDB runs sign their requests with the AWS SDK's credential chain, which is empty here: for the local dynalite any will do, e.g. AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test", ScenarioPeerWatch)
+	}
+	return nil
+}
+
+// localDynamo starts a dynalite for the scenario.
+func localDynamo() (*dynalite.Server, error) {
+	if err := peerWatchPreflight(); err != nil {
+		return nil, err
 	}
 	return dynalite.Start()
 }

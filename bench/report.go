@@ -87,6 +87,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	if err != nil {
 		return r, err
 	}
+	if sel[ScenarioPeerWatch] {
+		if err := peerWatchPreflight(); err != nil {
+			return r, err
+		}
+	}
 	if sel[ScenarioRegistrar] {
 		if err := runRegistrar(ctx, o, &r, w); err != nil {
 			return r, err
