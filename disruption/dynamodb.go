@@ -23,9 +23,9 @@ const dynamoRegion = "us-east-1"
 // Mode names the battery's sync path as the report prints it: the
 // backend, how B learns A's writes, and peer-watch.
 func (c Config) Mode() string {
-	m := c.SyncMode + " sync"
+	m := "etcd, " + c.SyncMode + " sync"
 	if c.Backend == BackendDynamoDB {
-		m = "DynamoDB, " + m
+		m = "DynamoDB, " + c.SyncMode + " sync"
 	}
 	if c.PeerWatch {
 		m += " + peer-watch"
