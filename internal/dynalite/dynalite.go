@@ -58,6 +58,7 @@ type Server struct {
 	out      *syncBuffer
 	done     chan struct{}
 	shield   *http.Server
+	client   *http.Client // the shield's, to dynalite
 	shieldWG sync.WaitGroup
 	stopOnce sync.Once
 }
@@ -124,7 +125,8 @@ func start(bin string, extra []string) (*Server, error) {
 		return nil, err
 	}
 	s.Endpoint = "http://" + l.Addr().String()
-	s.shield = &http.Server{Handler: &shield{target: "http://" + target, client: &http.Client{}}, ReadHeaderTimeout: 10 * time.Second}
+	s.client = &http.Client{}
+	s.shield = &http.Server{Handler: &shield{target: "http://" + target, client: s.client}, ReadHeaderTimeout: 10 * time.Second}
 	s.shieldWG.Add(1)
 	go func() { defer s.shieldWG.Done(); _ = s.shield.Serve(l) }()
 	return s, nil
@@ -150,8 +152,15 @@ func (s *Server) Output() string { return s.out.String() }
 func (s *Server) Stop() {
 	s.stopOnce.Do(func() {
 		s.kill()
-		_ = s.shield.Close()
+		// With dynalite gone every forward in flight fails at once, so
+		// Shutdown's wait for the handlers is short; Close is the bound.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if s.shield.Shutdown(ctx) != nil {
+			_ = s.shield.Close()
+		}
 		s.shieldWG.Wait()
+		s.client.CloseIdleConnections()
 	})
 }
 
