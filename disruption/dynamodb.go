@@ -54,8 +54,8 @@ func (c Config) validateBackend() error {
 
 // useDynamoDB creates a fresh table for the battery at cfg's endpoint and
 // points the registrars' options at it. Credentials come from the AWS
-// SDK's chain, as a registrar's do: for dynalite, any will do (set
-// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY).
+// SDK's chain, as a registrar's do (for a loopback endpoint without any,
+// placeholder ones: dynamodb.NewClient).
 func useDynamoDB(ctx context.Context, cfg Config, o *server.Config) error {
 	dc := dynamostore.Config{Table: fmt.Sprintf("aether-disruption-%d", time.Now().UnixNano()), Region: dynamoRegion, Endpoint: cfg.DynamoDBEndpoint}
 	cli, err := dynamostore.NewClient(ctx, dc)

@@ -76,9 +76,7 @@ groups (comma-separated or repeated; default all):
                With --quick: 1k records, 1k to 2k operations per step.
   peer-watch   two registrars of one cluster on etcd and on DynamoDB (a
                local dynalite: $AETHER_DYNALITE, or npm dynalite@4.0.0 in
-               $HOME/.cache/aether-dynalite; any AWS credentials in the
-               environment, e.g. AWS_ACCESS_KEY_ID=test
-               AWS_SECRET_ACCESS_KEY=test): cross-replica propagation
+               $HOME/.cache/aether-dynalite): cross-replica propagation
                p50/p99 at 100 changes/s with and without peer-watch, at
                the default --write-batch-interval; then the disruption
                battery on DynamoDB poll-only and with peer-watch, and on
