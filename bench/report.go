@@ -38,7 +38,7 @@ const (
 )
 
 // Scenarios lists every scenario group in the order Run runs them.
-var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale}
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioPeerWatch}
 
 // selected reports which groups o asks for, or an error naming an unknown one.
 func (o Options) selected() (map[string]bool, error) {
@@ -77,6 +77,7 @@ type Report struct {
 	XDS         *XDSResult          `json:"xds,omitempty"`
 	Edge        *EdgeResult         `json:"edge,omitempty"`
 	EdgeScale   *EdgeScaleResult    `json:"edge_scale,omitempty"`
+	PeerWatch   *PeerWatchResult    `json:"peer_watch,omitempty"`
 }
 
 // Run runs the selected scenarios in turn, printing progress to w.
@@ -86,6 +87,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	sel, err := o.selected()
 	if err != nil {
 		return r, err
+	}
+	if sel[ScenarioPeerWatch] {
+		if err := peerWatchPreflight(); err != nil {
+			return r, err
+		}
 	}
 	if sel[ScenarioRegistrar] {
 		if err := runRegistrar(ctx, o, &r, w); err != nil {
@@ -136,6 +142,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioEdgeScale] {
 		if err := runEdgeScale(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioPeerWatch] {
+		if err := runPeerWatch(ctx, o, &r, w); err != nil {
 			return r, err
 		}
 	}
@@ -238,6 +249,9 @@ func (r Report) sections() []section {
 	}
 	if r.EdgeScale != nil {
 		out = append(out, section{edgeScaleBeginMark, edgeScaleEndMark, r.edgeScaleMarkdown})
+	}
+	if r.PeerWatch != nil {
+		out = append(out, section{peerBeginMark, peerEndMark, r.peerWatchMarkdown})
 	}
 	return out
 }

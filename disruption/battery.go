@@ -122,8 +122,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	for i, ph := range b.phases {
 		res.Phases[i].Name = ph.name
 	}
-	b.progress("disruption: %s sync, --sync-interval %v; %d clients x %d resolvers; %d pods per service; drain period %v",
-		cfg.SyncMode, cfg.SyncInterval, cfg.Clients, cfg.ResolversPerClient, cfg.EndpointsPerService, cfg.DrainPeriod)
+	b.progress("disruption: %s, --sync-interval %v; %d clients x %d resolvers; %d pods per service; drain period %v",
+		cfg.Mode(), cfg.SyncInterval, cfg.Clients, cfg.ResolversPerClient, cfg.EndpointsPerService, cfg.DrainPeriod)
 
 	rctx, stopResolvers := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -19,8 +19,8 @@ import (
 	"github.com/aethermesh/aether/server"
 )
 
-// cluster is the battery's control plane: one embedded etcd and two
-// registrar replicas, A and B, each on a fixed loopback address so that a
+// cluster is the battery's control plane: one embedded etcd (or a
+// DynamoDB table, dynamodb.go) and two registrar replicas, A and B, each on a fixed loopback address so that a
 // restarted replica comes back where its clients look for it.
 type cluster struct {
 	dir   string
@@ -47,22 +47,29 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 			c.close()
 		}
 	}()
-	c.etcd, err = embedetcd.Start(ctx, embedetcd.Config{
-		Dir: filepath.Join(dir, "etcd"), ClientAddr: "127.0.0.1:0", PeerAddr: "127.0.0.1:0", Logger: cfg.Logger,
-	})
-	if err != nil {
-		return nil, err
-	}
 	c.opts = server.Config{
-		EtcdEndpoints: c.etcd.Endpoints(),
-		HTTPAddr:      "127.0.0.1:0",
+		HTTPAddr: "127.0.0.1:0",
 		Options: registrar.Options{
 			ClusterName:  "c1",
 			Region:       "r1",
 			SyncMode:     cfg.SyncMode,
 			SyncInterval: cfg.SyncInterval,
+			PeerWatch:    cfg.PeerWatch,
 			Logger:       cfg.Logger,
 		},
+	}
+	if cfg.Backend == BackendDynamoDB {
+		if err = useDynamoDB(ctx, cfg, &c.opts); err != nil {
+			return nil, err
+		}
+	} else {
+		c.etcd, err = embedetcd.Start(ctx, embedetcd.Config{
+			Dir: filepath.Join(dir, "etcd"), ClientAddr: "127.0.0.1:0", PeerAddr: "127.0.0.1:0", Logger: cfg.Logger,
+		})
+		if err != nil {
+			return nil, err
+		}
+		c.opts.EtcdEndpoints = c.etcd.Endpoints()
 	}
 	for i := range c.addrs {
 		if c.addrs[i], err = freeAddr(); err != nil {

@@ -21,6 +21,14 @@ type Config struct {
 	// registrar's, 5s.
 	SyncInterval time.Duration `json:"sync_interval_ns"`
 
+	// Backend is the registrars' store: BackendEtcd (default, an embedded
+	// etcd) or BackendDynamoDB (a fresh table on the DynamoDB-compatible
+	// server at DynamoDBEndpoint, dynalite in CI; dynamodb.go). PeerWatch
+	// turns on peer-watch on both registrars.
+	Backend          string `json:"backend,omitempty"`
+	DynamoDBEndpoint string `json:"-"`
+	PeerWatch        bool   `json:"peer_watch,omitempty"`
+
 	// EndpointsPerService is how many pods each service runs (default 2).
 	EndpointsPerService int `json:"endpoints_per_service"`
 	// Clients is how many agent clients watch through B, failing over to A
@@ -64,6 +72,11 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
+	defaults.Set(&c.Backend, BackendEtcd)
+	if c.Backend == BackendDynamoDB {
+		// DynamoDB has no change feed: the registrar polls it.
+		defaults.Set(&c.SyncMode, registrar.SyncPoll)
+	}
 	defaults.Set(&c.SyncMode, registrar.SyncWatch)
 	defaults.Set(&c.SyncInterval, registrar.DefaultOptions().SyncInterval)
 	defaults.Set(&c.EndpointsPerService, 2)
@@ -83,6 +96,9 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
+	if err := c.validateBackend(); err != nil {
+		return err
+	}
 	if c.SyncMode != registrar.SyncWatch && c.SyncMode != registrar.SyncPoll {
 		return fmt.Errorf("disruption: SyncMode %q: use %s or %s", c.SyncMode, registrar.SyncWatch, registrar.SyncPoll)
 	}

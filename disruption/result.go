@@ -162,8 +162,8 @@ func (r Result) Summary() string {
 	for _, p := range r.Phases {
 		fmt.Fprintf(&b, "phase %-26s %8v  resolutions %9d  %s\n", p.Name, p.Duration.Round(time.Millisecond), p.Resolutions, p.Tally)
 	}
-	fmt.Fprintf(&b, "%s sync (--sync-interval %v, drain period %v): %d resolutions, %s; battery %v\n",
-		r.Config.SyncMode, r.Config.SyncInterval, r.Config.DrainPeriod, r.Resolutions, r.Tally, r.Duration.Round(time.Millisecond))
+	fmt.Fprintf(&b, "%s (--sync-interval %v, drain period %v): %d resolutions, %s; battery %v\n",
+		r.Config.Mode(), r.Config.SyncInterval, r.Config.DrainPeriod, r.Resolutions, r.Tally, r.Duration.Round(time.Millisecond))
 	fmt.Fprintf(&b, "register reached every client: %s\ndrain reached every client:    %s\n", r.RegisterPropagation, r.DrainPropagation)
 	if w := r.Where(); w != "" {
 		fmt.Fprintf(&b, "drops in: %s\n", w)

@@ -67,10 +67,10 @@ type Options struct {
 	MaxEndpointsPerNode int
 	MaxWatchServices    int
 
-	// Peer-watch (--peer-watch, off by default until the disruption
-	// battery has judged it): stream local writes to the other replicas
-	// of the cluster, found through member records in the backend kept
-	// under a lease of PeerMemberTTL and listed every
+	// Peer-watch (--peer-watch, on by default in the CLI and in
+	// DefaultOptions; the zero Options leave it off): stream local writes
+	// to the other replicas of the cluster, found through member records
+	// in the backend kept under a lease of PeerMemberTTL and listed every
 	// PeerDiscoveryInterval (peer.go).
 	PeerWatch             bool
 	PeerMemberTTL         time.Duration
@@ -108,6 +108,11 @@ func DefaultOptions() Options {
 		MaxEndpointsPerNode: 1000,
 		MaxWatchServices:    1000,
 
+		// On: the disruption battery drops nothing with it on either
+		// backend, and cross-replica propagation no longer waits on the
+		// batch interval or DynamoDB's poll (docs/benchmarks.md,
+		// "Peer-watch").
+		PeerWatch:             true,
 		PeerMemberTTL:         defaultPeerMemberTTL,
 		PeerDiscoveryInterval: defaultPeerDiscovery,
 	}

@@ -24,3 +24,14 @@ func TestConformance(t *testing.T) {
 		},
 	})
 }
+
+// TestMembers runs peer-watch's membership suite against dynalite: member
+// records on the expiry leases.
+func TestMembers(t *testing.T) {
+	cli := startDynalite(t)
+	backendtest.RunMembers(t, backendtest.Factory{
+		New: func(t backendtest.T) backend.Store {
+			return open(t, cli, newTable(t, cli, 4), Options{})
+		},
+	})
+}

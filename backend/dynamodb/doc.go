@@ -87,9 +87,13 @@
 //     arrived. Every revision up to c was allocated before that time, so
 //     W later each has landed (W/2) and reached the index (the other W/2,
 //     far more than the index's usual sub-second lag). The cursor is the
-//     newest reading at least W old, and every poll re-reads the last W
-//     of changes: a poll costs the changes of its interval plus W, not
-//     the table.
+//     newest reading at least W older than the previous poll's, so every
+//     revision at or below it had reached the index before the previous
+//     poll read it: a poll costs the changes of its interval plus W, not
+//     the table. (At least W older than now would not do: with polls
+//     further apart than W, the previous poll's own reading qualifies,
+//     and a write allocated just before that poll and landing just after
+//     it read the index would be skipped until the full scan.)
 //
 // What the window cannot bound is a request that the server applies
 // after its client gave up on it (SigV4 lets a signed request be
@@ -128,4 +132,15 @@
 // compares an expiry written by one machine's clock with another's; the
 // TTL must dwarf the clock skew (with the registrar's default 30 s node
 // TTL, skew of a second or two is what NTP keeps).
+//
+// # Peer-watch membership
+//
+// backend.Members rides on the same leases (members.go): the member
+// records of a (region, cluster) are attributes of one item,
+// "!members/<region>/<cluster>", each naming its lease, so listing them is
+// one consistent GetItem and a BatchGetItem of the leases, not a Scan (the
+// table has no sort key). A member is live while its lease is; a record
+// whose lease has ended is removed by the next listing, conditionally on
+// it still naming that lease. The item has no revision or shard, so the
+// changes index never holds it and no listing of the registry shows it.
 package dynamodb

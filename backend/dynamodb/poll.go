@@ -187,7 +187,7 @@ func (s *Store) List(ctx context.Context) (backend.Listing, error) {
 			}
 			s.m.lastFull = now
 		} else {
-			st.Cursor = s.cursor(now)
+			st.Cursor = s.cursor()
 			if err := s.poll(ctx, st.Cursor, &st); err != nil {
 				return backend.Listing{}, err
 			}
@@ -209,31 +209,46 @@ func (s *Store) List(ctx context.Context) (backend.Listing, error) {
 		st.Full, st.Revision = full, l.Revision
 		s.m.last = st
 		s.m.total.Full = full
-		s.prune(now)
+		s.prune()
 		return l, nil
 	}
 }
 
-// cursor is the highest counter reading at least a window old: every
-// revision up to it has landed and reached the index, so the poll need
-// read only above it. Before any reading is that old, the oldest one (a
-// second full scan covers what lies below it, see List).
-func (s *Store) cursor(now time.Time) int64 {
+// cursor is where the next poll reads from: the highest counter reading
+// at least a window older than the last poll's reading. Every revision up
+// to such a reading had landed and reached the index a window after it,
+// so before the last poll read the index; that poll read everything above
+// its own cursor, and the polls before it, by the same rule, everything
+// below. (A window older than now would not do: with polls further apart
+// than the window, the last poll's own reading qualifies, and a write
+// allocated just before it and landing just after it read the index would
+// be below every later cursor, missed until the full scan.) Before any
+// reading is that old, the oldest one (a second full scan covers what lies
+// below it, see List).
+//
+// In List the last reading is the previous poll's; after List has added
+// its own (prune), it is the one the next poll will judge by.
+func (s *Store) cursor() int64 {
 	var c int64
+	if len(s.m.hist) == 0 {
+		return 0
+	}
+	ref := s.m.hist[len(s.m.hist)-1].t
 	found := false
 	for _, r := range s.m.hist {
-		if now.Sub(r.t) >= s.opts.Window {
+		if ref.Sub(r.t) >= s.opts.Window {
 			c, found = r.c, true
 		}
 	}
-	if !found && len(s.m.hist) > 0 {
+	if !found {
 		c = s.m.hist[0].c
 	}
 	return c
 }
 
-// trimHistory keeps the newest reading at least a window old and every
-// newer one.
+// trimHistory keeps the newest reading at least a window older than now
+// (the reading just added: what the next poll's cursor is judged by) and
+// every newer one.
 func (s *Store) trimHistory(now time.Time) {
 	keep := 0
 	for i, r := range s.m.hist {
@@ -247,8 +262,8 @@ func (s *Store) trimHistory(now time.Time) {
 // prune forgets tombstones below the cursor: no poll reads that far back
 // again, and a listing shows a forgotten key as absent, as the tombstone
 // does.
-func (s *Store) prune(now time.Time) {
-	c := s.cursor(now)
+func (s *Store) prune() {
+	c := s.cursor()
 	for k, e := range s.m.entries {
 		if e.v == nil && e.rev <= c && e.leaseExp == 0 {
 			delete(s.m.entries, k)

@@ -7,6 +7,8 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"net/url"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -16,6 +18,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/credentials"
 	ddb "github.com/aws/aws-sdk-go-v2/service/dynamodb"
 	"github.com/aws/aws-sdk-go-v2/service/dynamodb/types"
 	"github.com/aws/smithy-go"
@@ -84,11 +87,43 @@ func NewClient(ctx context.Context, cfg Config) (*ddb.Client, error) {
 	if awsCfg.Region == "" {
 		return nil, errors.New("dynamodb: no region: set --dynamodb-region (or AWS_REGION, or a region in the shared config)")
 	}
+	if loopback(cfg.Endpoint) {
+		// A local server (dynalite) wants requests signed, by anyone: when
+		// the chain has no credentials, placeholder ones do, so a
+		// development registrar or the benchmark needs no AWS setup.
+		// Credentials the chain does have are used as they are.
+		rctx, cancel := context.WithTimeout(ctx, localCredentialsWait)
+		_, err := awsCfg.Credentials.Retrieve(rctx)
+		cancel()
+		if err != nil {
+			awsCfg.Credentials = credentials.NewStaticCredentialsProvider("local", "local", "")
+		}
+	}
 	return ddb.NewFromConfig(awsCfg, func(o *ddb.Options) {
 		if cfg.Endpoint != "" {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
 	}), nil
+}
+
+// localCredentialsWait bounds the credential chain's search (instance
+// metadata, last, may not answer off EC2) before a loopback endpoint
+// falls back to placeholder credentials.
+const localCredentialsWait = 3 * time.Second
+
+// loopback reports whether endpoint is a URL on this host (a local
+// DynamoDB-compatible server, never AWS).
+func loopback(endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Host == "" {
+		return false
+	}
+	h := u.Hostname()
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
 }
 
 // NewRetryer is the retryer NewClient configures: the SDK's standard one

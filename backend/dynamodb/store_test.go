@@ -284,8 +284,14 @@ func TestIncrementalPollReadsOnlyChanges(t *testing.T) {
 	if changed != 10 {
 		t.Fatalf("listing shows %d of the 10 changes", changed)
 	}
+	// The cursor is a reading a window older than the previous poll, so
+	// the first poll after the window still re-reads the 10 (they were
+	// written after the reading the previous poll judged by), the next one
+	// nothing.
 	c.Advance(20 * time.Second)
-	check("poll once the window has passed", false, 0)
+	check("the first poll once the window has passed", false, 10)
+	c.Advance(20 * time.Second)
+	check("the next poll", false, 0)
 
 	s.ForceFullScan()
 	full := check("a forced full scan", true, -1)
@@ -563,4 +569,57 @@ func TestServerRefusalIsPerItem(t *testing.T) {
 		t.Fatalf("outcomes %+v: want the neighbours landed and the big one refused alone", outs)
 	}
 	t.Logf("refused: %v", outs[1].Err)
+}
+
+// TestPollLongerThanTheWindowMissesNothing: with polls further apart than
+// the settle window (the registrar's default 5 s poll against a 4 s
+// window), a write allocated just before one poll's counter read and
+// landing just after that poll read the index is picked up by the next
+// poll: the cursor is a reading a window older than the previous poll,
+// not merely a window older than now (which the previous poll's own
+// reading is, and whose counter covers the late write's revision).
+func TestPollLongerThanTheWindowMissesNothing(t *testing.T) {
+	cli := startDynalite(t)
+	table := newTable(t, cli, 4)
+	var c clock
+	const window = 4 * time.Second
+	w := open(t, cli, table, Options{Window: window, Now: c.Now})
+	p := open(t, cli, table, Options{Window: window, Now: c.Now})
+	applyAll(t, w, []backend.Mutation{put(ep("late", 1, "n1", 100))})
+	for range 3 { // the first scan, the rescan a window later, then the incremental poll
+		listOf(t, p)
+		c.Advance(5 * time.Second)
+	}
+	if last, _ := p.LastPoll(); last.Full {
+		t.Fatalf("the poll is still a full scan: %+v", last)
+	}
+
+	held, release := make(chan int64, 1), make(chan struct{})
+	w.beforeWrite = func(key string, rev int64) {
+		held <- rev
+		<-release
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.ApplyOrdered(context.Background(), []backend.Mutation{put(ep("late", 2, "n1", 100))})
+		done <- err
+	}()
+	rev := <-held
+	if l := listOf(t, p); len(l.Endpoints) != 1 {
+		t.Fatalf("the poll while the write at %d is in flight lists %d endpoints, want the first alone", rev, len(l.Endpoints))
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatalf("the held write: %v", err)
+	}
+	w.beforeWrite = nil
+	c.Advance(5 * time.Second) // the next poll, more than a window later
+	l := listOf(t, p)
+	if last, _ := p.LastPoll(); last.Full {
+		t.Fatalf("the poll after the late write was a full scan, which proves nothing: %+v", last)
+	}
+	if len(l.Endpoints) != 2 {
+		last, _ := p.LastPoll()
+		t.Fatalf("the poll after the late write (revision %d) lists %d endpoints, want both; it read above %d", rev, len(l.Endpoints), last.Cursor)
+	}
 }

@@ -74,6 +74,14 @@ groups (comma-separated or repeated; default all):
                1k/s, 10k/s and unbounded (64 threads), 50k records
                (about 3 minutes).
                With --quick: 1k records, 1k to 2k operations per step.
+  peer-watch   two registrars of one cluster on etcd and on DynamoDB (a
+               local dynalite: $AETHER_DYNALITE, or npm dynalite@4.0.0 in
+               $HOME/.cache/aether-dynalite): cross-replica propagation
+               p50/p99 at 100 changes/s with and without peer-watch, at
+               the default --write-batch-interval; then the disruption
+               battery on DynamoDB poll-only and with peer-watch, and on
+               etcd with peer-watch (about 7 minutes). With --quick: 300
+               changes per run, the battery's quick form.
 
 It prints a summary, rewrites the sections of --out (docs/benchmarks.md by
 default; --out "" writes nothing) for the groups it ran, and prints the

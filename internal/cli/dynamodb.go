@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -71,4 +72,25 @@ kept), so running it again is safe; a table of another shape is reported.`,
 	f.StringVar(&cfg.Endpoint, "dynamodb-endpoint", "", "the DynamoDB endpoint URL, for a local server; empty is AWS's")
 	f.IntVar(&shards, "shards", dynamostore.DefaultShards, "change shards of the index: each takes a share of the writes (DynamoDB throttles one index key at about 1,000 writes/s); an idle poll costs one Query per shard. Fixed at creation")
 	return cmd
+}
+
+// backendDefaults resolves the defaults that follow from the backend and
+// from peer-watch, for the flags left out (f tells which were given):
+//
+//   - --peer-watch is on by default, but off, with a warning, when TLS is
+//     on and nothing names a CA to verify peer registrars by: the explicit
+//     flag refuses that start, the default must not break a TLS setup
+//     without client certificates.
+//   - --write-batch-interval is server.DefaultWriteBatchInterval: 100 ms
+//     on DynamoDB (every flush is billed writes) and on etcd with
+//     peer-watch (freshness comes through peer-watch), 10 ms on etcd
+//     without it, where cross-replica freshness waits on the flush.
+func backendDefaults(f *pflag.FlagSet, opts *server.Config, log *slog.Logger) {
+	if !f.Changed("peer-watch") && opts.PeerWatch && opts.TLSEnabled() && opts.PeerWatchCACert == "" && opts.TLSClientCAFile == "" {
+		opts.PeerWatch = false
+		log.Warn("peer-watch is off: with --tls-cert it needs a CA to verify peer registrars by; give --peer-watch-cacert (or --tls-client-ca), or --peer-watch=false to silence this")
+	}
+	if !f.Changed("write-batch-interval") {
+		opts.WriteBatchInterval = server.DefaultWriteBatchInterval(opts.Backend, opts.PeerWatch)
+	}
 }

@@ -73,6 +73,7 @@ Without them it serves plaintext and warns: development only.`,
 				// would refuse.
 				opts.SyncMode = ""
 			}
+			backendDefaults(cmd.Flags(), &opts, logger)
 			if err := validateRegistrarOptions(opts); err != nil {
 				return err
 			}
@@ -100,7 +101,7 @@ Without them it serves plaintext and warns: development only.`,
 	f.StringVar(&opts.SyncMode, "sync-mode", opts.SyncMode, "how this replica learns other replicas' writes: watch (an etcd watch, applied as changes arrive) or poll (no watch: only from the full re-list every --sync-interval; for comparison, and as on backends without a change feed)")
 	f.DurationVar(&opts.SyncInterval, "sync-interval", opts.SyncInterval, "full re-list from etcd every interval, as a backstop to the watch (with --sync-mode poll, the only sync)")
 	f.DurationVar(&opts.SyncDebounce, "sync-debounce", opts.SyncDebounce, "at most one re-list per this interval when the watch asks for one")
-	f.DurationVar(&opts.WriteBatchInterval, "write-batch-interval", opts.WriteBatchInterval, "flush pending writes to etcd every interval")
+	f.DurationVar(&opts.WriteBatchInterval, "write-batch-interval", opts.WriteBatchInterval, "flush pending writes to the backend every interval; left out, 100ms, except 10ms on etcd with --peer-watch=false, where cross-replica freshness waits on it (docs/operations.md, \"Peer-watch\")")
 	f.IntVar(&opts.WriteBatchSize, "write-batch-size", opts.WriteBatchSize, "flush sooner once this many writes are pending")
 	f.IntVar(&opts.WriteQueueLimit, "write-queue-limit", opts.WriteQueueLimit, "refuse writes once this many endpoints wait to be persisted")
 	f.IntVar(&opts.WatchHistory, "watch-history", opts.WatchHistory, "events retained so watchers can resume")
@@ -133,7 +134,7 @@ Without them it serves plaintext and warns: development only.`,
 	f.IntVar(&opts.MaxWatchServices, "max-watch-services", opts.MaxWatchServices, "most services in one watch filter (WatchEndpoints, Subscribe start and updates); more get INVALID_ARGUMENT")
 	f.IntVar(&opts.MaxStreamsPerIdentity, "max-streams-per-identity", opts.MaxStreamsPerIdentity, "most open watch streams per client identity (SPIFFE ID with mTLS, IP address otherwise); 0 = unlimited; more get RESOURCE_EXHAUSTED")
 	f.IntVar(&opts.MaxEndpointsPerNode, "max-endpoints-per-node", opts.MaxEndpointsPerNode, "most endpoints one node may register; a registration of a new endpoint beyond it gets RESOURCE_EXHAUSTED (updates are always allowed)")
-	f.BoolVar(&opts.PeerWatch, "peer-watch", false, "stream this replica's writes to the other replicas of its cluster as they are acknowledged, and apply theirs, so cross-replica freshness does not wait on --write-batch-interval and the backend's feed (the backend stays the source of truth). Off by default until the disruption battery has judged it (docs/architecture.md, \"Peer-watch\")")
+	f.BoolVar(&opts.PeerWatch, "peer-watch", opts.PeerWatch, "stream this replica's writes to the other replicas of its cluster as they are acknowledged, and apply theirs, so cross-replica freshness does not wait on --write-batch-interval and the backend's feed or poll (the backend stays the source of truth). On by default: the disruption battery drops nothing with it, on etcd and DynamoDB (docs/operations.md, \"Peer-watch\"); left on by default with --tls-cert but no CA to verify peers by, it is turned off with a warning")
 	f.StringVar(&opts.PeerAdvertiseAddr, "peer-advertise-addr", "", "gRPC address this replica's peers dial for peer-watch (default: --grpc-addr as bound, with the host name when bound to every interface)")
 	f.StringVar(&opts.PeerWatchCACert, "peer-watch-cacert", "", "CA bundle (PEM) verifying peer registrars' server certificates for peer-watch with TLS (default --tls-client-ca); the registrar dials them with --tls-cert as its client identity")
 	f.DurationVar(&opts.PeerMemberTTL, "peer-member-ttl", opts.PeerMemberTTL, "lease TTL of this replica's peer-watch member record: a replica that stops renewing drops out of its peers' view this long after")
