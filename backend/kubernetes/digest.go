@@ -91,35 +91,21 @@ func (s *Store) digest(ctx context.Context, p backend.Parts) (backend.KeyRevisio
 		}
 	}
 	kr.Revision = rev
-	nodesMeta := s.meta.Resource(NodesResource).Namespace(s.ns)
-	_, err = s.metaPages(ctx, nodesMeta, metav1.ListOptions{ResourceVersion: formatRV(rev), ResourceVersionMatch: metav1.ResourceVersionMatchExact}, func(l *metav1.PartialObjectMetadataList, _ int) error {
-		for i := range l.Items {
-			m := &l.Items[i]
-			if m.Labels[LabelFence] != "" {
-				continue
-			}
-			id, err := registry.ParseNodeKey(m.Annotations[annotationKey])
-			if err != nil {
-				continue
-			}
-			r, err := parseRV(m.ResourceVersion)
-			if err != nil {
-				return err
-			}
-			kr.Nodes = append(kr.Nodes, backend.NodeRevision{ID: id, ModRevision: r})
-		}
-		return nil
-	})
+	// Node records are few (one per node, against its many endpoints) and
+	// written by PutNode without the key annotation's guarantee, so they
+	// are read whole, at the same revision.
+	nodes, nodeRevs, err := s.listNodes(ctx, metav1.ListOptions{ResourceVersion: formatRV(rev), ResourceVersionMatch: metav1.ResourceVersionMatchExact})
 	if err != nil {
 		return kr, err
 	}
+	for i, n := range nodes {
+		kr.Nodes = append(kr.Nodes, backend.NodeRevision{ID: registry.NodeIDOf(n), ModRevision: nodeRevs[i]})
+	}
 	sort.Slice(kr.Endpoints, func(i, j int) bool { return epKey(kr.Endpoints[i].ID) < epKey(kr.Endpoints[j].ID) })
-	sort.Slice(kr.Nodes, func(i, j int) bool { return nodeKey(kr.Nodes[i].ID) < nodeKey(kr.Nodes[j].ID) })
 	return kr, nil
 }
 
 func epKey(id registry.EndpointID) string { k, _ := id.Key(); return k }
-func nodeKey(id registry.NodeID) string   { k, _ := id.Key(); return k }
 
 // metaPages is pages for metadata-only listings; fn may end the read with
 // an error.
