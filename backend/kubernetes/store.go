@@ -98,6 +98,10 @@ type Store struct {
 	// API call of the store's own loops.
 	inflight chan struct{}
 
+	// conflicts counts writes that met a 409 (Conflict or
+	// AlreadyExists) and were decided again from a fresh read.
+	conflicts atomic.Int64
+
 	// fenceSeq numbers fence writes, so each one changes the object.
 	fenceSeq atomic.Int64
 

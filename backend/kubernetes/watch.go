@@ -264,7 +264,29 @@ func (s *Store) stream(ctx context.Context, st int, r dynamic.ResourceInterface,
 		}
 	}
 	retry := watchRetry
-	for ctx.Err() == nil {
+	for first := true; ctx.Err() == nil; first = false {
+		if !first {
+			// Resuming after a break: the watch cache may still hold
+			// history that etcd has compacted, and would serve it; the
+			// feed reports the compaction instead, as it does when asked
+			// to start there, so that a consumer behaves the same however
+			// long its watch was down. (watch checked the start.)
+			compacted, err := s.compactedAt(ctx, rev)
+			if compacted {
+				report(item{compacted: true})
+				return
+			}
+			if err != nil {
+				s.log.Warn("watch: checking the resume revision", "resource", streamName(st), "from", rev, "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(retry):
+				}
+				retry = min(2*retry, maxWatchRetry)
+				continue
+			}
+		}
 		w, err := r.Watch(ctx, metav1.ListOptions{ResourceVersion: formatRV(rev), AllowWatchBookmarks: true})
 		if err != nil {
 			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
@@ -288,7 +310,16 @@ func (s *Store) stream(ctx context.Context, st int, r dynamic.ResourceInterface,
 		}
 		if progressed {
 			retry = watchRetry
+			continue
 		}
+		// Ended without bringing anything: do not spin on a server
+		// that keeps refusing.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+		retry = min(2*retry, maxWatchRetry)
 	}
 }
 
