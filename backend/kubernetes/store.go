@@ -105,6 +105,15 @@ type Store struct {
 	// fenceSeq numbers fence writes, so each one changes the object.
 	fenceSeq atomic.Int64
 
+	// base ends when the store closes; so do watches (watch.go), which
+	// watches joins.
+	base    context.Context
+	watchMu sync.Mutex
+	closed  bool
+	watches sync.WaitGroup
+	// fenced records which fence objects this store has written.
+	fenced [nStreams]atomic.Bool
+
 	// now is the clock tombstones are dated and collected by.
 	now func() time.Time
 
@@ -184,7 +193,17 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	gcCtx, stop := context.WithCancel(context.Background())
-	s.stop = stop
+	s.base = gcCtx
+	s.stop = func() {
+		// Watches end with the store too, and only then are its fences
+		// removed (a watch still running could write one again).
+		s.watchMu.Lock()
+		s.closed = true
+		s.watchMu.Unlock()
+		stop()
+		s.watches.Wait()
+		s.dropFences()
+	}
 	if every := cfg.GCInterval; every >= 0 {
 		if every == 0 {
 			every = DefaultGCInterval

@@ -74,7 +74,21 @@ type item struct {
 // Watch streams the changes after afterRev (backend.Watcher).
 func (s *Store) Watch(ctx context.Context, afterRev int64) <-chan backend.WatchBatch {
 	out := make(chan backend.WatchBatch)
-	go s.watch(ctx, afterRev, out)
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.closed {
+		close(out)
+		return out
+	}
+	s.watches.Add(1)
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.base, cancel)
+	go func() {
+		defer s.watches.Done()
+		defer cancel()
+		defer stop()
+		s.watch(ctx, afterRev, out)
+	}()
 	return out
 }
 
@@ -452,9 +466,25 @@ func (s *Store) fence(ctx context.Context, st int) (int64, error) {
 		return 0, err
 	}
 	defer s.release()
+	s.fenced[st].Store(true)
 	got, err := r.Apply(ctx, s.fenceName(), obj, metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
 	if err != nil {
 		return 0, fmt.Errorf("fence %s/%s: %w", s.ns, s.fenceName(), classify(err))
 	}
 	return parseRV(got.GetResourceVersion())
+}
+
+// dropFences deletes the fence objects this store wrote (best effort: what
+// is left is collected once it is TombstoneTTL old).
+func (s *Store) dropFences() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for st, r := range [nStreams]dynamic.ResourceInterface{s.eps, s.nodes} {
+		if !s.fenced[st].Load() {
+			continue
+		}
+		if err := r.Delete(ctx, s.fenceName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			s.log.Debug("removing a watch fence", "name", s.fenceName(), "err", err)
+		}
+	}
 }
