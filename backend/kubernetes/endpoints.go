@@ -401,6 +401,9 @@ func (s *Store) pages(ctx context.Context, r dynamic.ResourceInterface, opts met
 		for i := range l.Items {
 			fn(&l.Items[i])
 		}
+		if s.afterPage != nil {
+			s.afterPage(ctx, page)
+		}
 		if l.GetContinue() == "" {
 			return rev, nil
 		}

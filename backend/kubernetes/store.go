@@ -114,6 +114,10 @@ type Store struct {
 	// fenced records which fence objects this store has written.
 	fenced [nStreams]atomic.Bool
 
+	// afterPage, if set, runs after each page of a listing is read (tests
+	// compact between pages with it).
+	afterPage func(ctx context.Context, page int)
+
 	// now is the clock tombstones are dated and collected by.
 	now func() time.Time
 
