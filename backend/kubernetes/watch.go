@@ -52,6 +52,10 @@ const (
 	maxWatchRetry = 5 * time.Second
 )
 
+// maxHeld bounds the events a watch holds for a consumer that has not
+// read them yet.
+const maxHeld = 10000
+
 // annotationFencedAt dates a fence's last write, so that collection can
 // tell the fences of replicas that are gone.
 const annotationFencedAt = "aether.dev/fenced-at"
@@ -216,13 +220,20 @@ func (s *Store) watch(ctx context.Context, after int64, out chan<- backend.Watch
 		}
 		var outc chan<- backend.WatchBatch
 		var next backend.WatchBatch
+		itemsC := items
 		if ready != nil {
 			outc, next = out, *ready
+			if len(ready.Events)+len(ready.Nodes)+len(pendEv)+len(pendNode) >= maxHeld {
+				// The consumer is behind: stop reading the streams, so
+				// the API server's watch backs up rather than this
+				// process's memory.
+				itemsC = nil
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case it := <-items:
+		case it := <-itemsC:
 			if it.compacted {
 				send(backend.WatchBatch{Revision: delivered, Compacted: true})
 				return
