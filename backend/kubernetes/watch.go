@@ -108,6 +108,12 @@ func (s *Store) watch(ctx context.Context, after int64, out chan<- backend.Watch
 			return false
 		}
 	}
+	if after <= 0 {
+		// No revision of the API server is 0: there is no history to
+		// replay from it, as after a compaction; list first.
+		send(backend.WatchBatch{Revision: after, Compacted: true})
+		return
+	}
 	compacted, err := s.compactedAt(ctx, after)
 	for err != nil {
 		// Cannot tell yet; the watch itself would fail the same way.
