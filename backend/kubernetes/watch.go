@@ -166,6 +166,7 @@ func (s *Store) watch(ctx context.Context, after int64, out chan<- backend.Watch
 		prog[i] = after
 	}
 	defer func() {
+		cancel() // ends fences in flight too
 		if fenceWake != nil {
 			fenceWake.Stop()
 		}
