@@ -97,7 +97,10 @@ func (s *Server) setupEndpointSlices() error {
 	rules.ExplicitPath = e.Kubeconfig
 	kc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
 	restCfg, err := kc.ClientConfig()
-	if err != nil {
+	switch {
+	case err != nil && e.Kubeconfig != "":
+		return fmt.Errorf("--endpointslices-kubeconfig %s: %w", e.Kubeconfig, err)
+	case err != nil:
 		return fmt.Errorf("--endpointslices: no Kubernetes API server to write to (give --endpointslices-kubeconfig, or run in a pod with a service account): %w", err)
 	}
 	ns := e.Namespace

@@ -503,11 +503,15 @@ func (r *Reconciler) list(ctx context.Context, sel labels.Selector) ([]*discover
 // sync plans one service and writes the plan; on a conflict it relists
 // the service's slices and plans again, a bounded number of times.
 func (r *Reconciler) sync(ctx context.Context, svc string) error {
+	eps := r.endpointsOf(svc)
 	if err := ServiceName(svc); err != nil {
-		r.noteSkips(svc, []Skip{{Reason: ReasonServiceName, Detail: err.Error()}})
+		var skips []Skip
+		if len(eps) > 0 {
+			skips = []Skip{{Reason: ReasonServiceName, Detail: err.Error()}}
+		}
+		r.noteSkips(svc, skips)
 		return nil
 	}
-	eps := r.endpointsOf(svc)
 	for attempt := 0; ; attempt++ {
 		existing := make([]*discoveryv1.EndpointSlice, 0, len(r.slices[svc]))
 		for _, s := range r.slices[svc] {
