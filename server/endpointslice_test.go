@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/server"
 )
