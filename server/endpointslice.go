@@ -34,6 +34,9 @@ type EndpointSlicesConfig struct {
 	// DisableZoneHints leaves out the hints (forZones) every ready
 	// endpoint with a zone otherwise carries.
 	DisableZoneHints bool
+	// NoLeaderElection lets every replica write the slices instead of
+	// the one holding the origin's Lease (endpointslice.Election).
+	NoLeaderElection bool
 	// WriteQPS and WriteBurst bound the writes to the API server; Resync
 	// is how often every managed slice is relisted and replanned. Zero
 	// takes endpointslice's defaults.
@@ -53,7 +56,7 @@ func (c Config) validateEndpointSlices() error {
 	e := c.EndpointSlices
 	if !e.Enabled {
 		if e.Namespace != "" || e.Kubeconfig != "" || e.Region != "" || e.Cluster != "" || e.MaxEndpointsPerSlice != 0 ||
-			e.DisableZoneHints || e.WriteQPS != 0 || e.WriteBurst != 0 || e.Resync != 0 {
+			e.DisableZoneHints || e.NoLeaderElection || e.WriteQPS != 0 || e.WriteBurst != 0 || e.Resync != 0 {
 			return fmt.Errorf("the --endpointslices-* flags configure EndpointSlices, which are off: add --endpointslices or drop them")
 		}
 		return nil
@@ -133,6 +136,10 @@ func (s *Server) setupEndpointSlices() error {
 	if cluster == "" {
 		cluster = s.opts.ClusterName
 	}
+	var election *endpointslice.Election
+	if !e.NoLeaderElection {
+		election = &endpointslice.Election{}
+	}
 	rec, err := endpointslice.NewReconciler(endpointslice.ReconcilerConfig{
 		Config: endpointslice.Config{
 			Namespace:            ns,
@@ -146,6 +153,7 @@ func (s *Server) setupEndpointSlices() error {
 		WriteQPS:   qps,
 		WriteBurst: burst,
 		Resync:     e.Resync,
+		Election:   election,
 		Logger:     s.opts.Logger.With("component", "endpointslices"),
 		Registerer: s.reg.MetricsRegistry(),
 	})

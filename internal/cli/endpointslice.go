@@ -18,6 +18,7 @@ func addEndpointSliceFlags(f *pflag.FlagSet, opts *server.Config) {
 	f.StringVar(&e.Cluster, "endpointslices-cluster", "", "with --endpointslices: publish the endpoints of this cluster (default --cluster-name)")
 	f.IntVar(&e.MaxEndpointsPerSlice, "endpointslices-max-endpoints", endpointslice.DefaultMaxEndpointsPerSlice, "with --endpointslices: most endpoints per slice (the EndpointSlice controller's default; the API server allows 1000)")
 	f.BoolVar(&e.DisableZoneHints, "endpointslices-no-zone-hints", false, "with --endpointslices: leave out the zone hints (forZones: the endpoint's own zone, as for trafficDistribution PreferClose) of ready endpoints")
+	f.BoolVar(&e.NoLeaderElection, "endpointslices-no-leader-election", false, "with --endpointslices: every registrar replica writes the slices, instead of the one holding the origin's coordination.k8s.io Lease (aether-endpointslices-<hash> in the slices' namespace)")
 	f.Float64Var(&e.WriteQPS, "endpointslices-qps", endpointslice.DefaultWriteQPS, "with --endpointslices: most slice writes per second to the API server")
 	f.IntVar(&e.WriteBurst, "endpointslices-burst", endpointslice.DefaultWriteBurst, "with --endpointslices: burst of slice writes above --endpointslices-qps")
 	f.DurationVar(&e.Resync, "endpointslices-resync", endpointslice.DefaultResync, "with --endpointslices: list every managed slice and replan every service this often, repairing slices changed behind the registrar's back")

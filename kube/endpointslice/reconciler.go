@@ -61,6 +61,9 @@ type ReconcilerConfig struct {
 	Resync     time.Duration
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Election, when set, makes one replica of the origin the writer
+	// (see Election); nil lets every replica write.
+	Election *Election
 	// Backoff spaces resubscriptions, relists after a failed list, and
 	// the retries of a service whose write failed. Zero takes 100ms to 30s.
 	Backoff retry.Backoff
@@ -96,6 +99,8 @@ type Reconciler struct {
 	slices  map[string]map[string]*discoveryv1.EndpointSlice // by service, by name
 	skipped map[string]map[Reason]int                        // by service
 	skipSig map[string]string                                // what was last logged of a service's skips
+
+	el *elector // nil without an Election
 
 	stop context.CancelFunc
 	wg   sync.WaitGroup
@@ -135,7 +140,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Reconciler{
+	r := &Reconciler{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		m:       m,
@@ -146,7 +151,13 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		slices:  map[string]map[string]*discoveryv1.EndpointSlice{},
 		skipped: map[string]map[Reason]int{},
 		skipSig: map[string]string{},
-	}, nil
+	}
+	if cfg.Election != nil {
+		if r.el, err = newElector(r, *cfg.Election); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
 }
 
 // Start runs the feed and the worker until Close.
@@ -156,6 +167,10 @@ func (r *Reconciler) Start() {
 	r.wg.Add(2)
 	go func() { defer r.wg.Done(); r.feed(ctx) }()
 	go func() { defer r.wg.Done(); r.work(ctx) }()
+	if r.el != nil {
+		r.wg.Add(1)
+		go func() { defer r.wg.Done(); r.el.run(ctx) }()
+	}
 }
 
 // Close stops both goroutines and waits for them. The slices stay as
@@ -167,6 +182,9 @@ func (r *Reconciler) Close() {
 	}
 	r.stop()
 	r.wg.Wait()
+	if r.el != nil {
+		r.el.close()
+	}
 }
 
 // feed follows the registrar, as the xDS feed does: subscribe to all
@@ -354,14 +372,29 @@ func (r *Reconciler) work(ctx context.Context) {
 	resync := time.NewTicker(r.cfg.Resync)
 	defer resync.Stop()
 	for ctx.Err() == nil {
+		// wctx is what writes run under: the leadership's context with an
+		// election (writes stop when it is lost), else ctx.
+		wctx := ctx
+		if r.el != nil {
+			if wctx = r.el.leading(); wctx == nil {
+				// Not leading: the dirty services wait, and a leadership
+				// won later starts with a fresh listing.
+				listed = false
+				select {
+				case <-ctx.Done():
+				case <-r.wake:
+				}
+				continue
+			}
+		}
 		svcs, loaded := r.take()
 		if loaded && !listed {
-			if err := r.listAll(ctx); err != nil {
+			if err := r.listAll(wctx); err != nil {
 				r.m.errors.WithLabelValues("list").Inc()
 				r.log.Warn("endpointslices: listing the managed slices failed, retrying", "namespace", r.cfg.Namespace, "err", err, "attempt", listAttempt)
+				r.markDirty(svcs)
 				retry.Sleep(ctx, r.cfg.Backoff.Ceiling(listAttempt), nil)
 				listAttempt++
-				r.markAllDirtyFrom(svcs)
 				continue
 			}
 			listed, listAttempt = true, 0
@@ -377,13 +410,15 @@ func (r *Reconciler) work(ctx context.Context) {
 		}
 		slices.Sort(svcs)
 		svcs = slices.Compact(svcs)
-		for _, svc := range svcs {
-			if ctx.Err() != nil {
-				return
+		for i, svc := range svcs {
+			if wctx.Err() != nil {
+				r.markDirty(svcs[i:]) // for this replica's next leadership, or a successor's
+				break
 			}
-			if err := r.sync(ctx, svc); err != nil {
-				if ctx.Err() != nil {
-					return
+			if err := r.sync(wctx, svc); err != nil {
+				if wctx.Err() != nil {
+					r.markDirty(svcs[i:])
+					break
 				}
 				n := failures[svc]
 				failures[svc] = n + 1
@@ -411,6 +446,7 @@ func (r *Reconciler) work(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
+		case <-wctx.Done():
 		case <-r.wake:
 		case <-fire:
 		case <-resync.C:
@@ -422,8 +458,8 @@ func (r *Reconciler) work(ctx context.Context) {
 	}
 }
 
-// markAllDirtyFrom puts back services taken before a failed list.
-func (r *Reconciler) markAllDirtyFrom(svcs []string) {
+// markDirty puts back services taken but not written.
+func (r *Reconciler) markDirty(svcs []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, svc := range svcs {
