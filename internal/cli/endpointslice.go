@@ -12,8 +12,8 @@ import (
 func addEndpointSliceFlags(f *pflag.FlagSet, opts *server.Config) {
 	e := &opts.EndpointSlices
 	f.BoolVar(&e.Enabled, "endpointslices", false, "also maintain discovery.k8s.io/v1 EndpointSlices of this cluster's services, so kube-proxy, CoreDNS and meshes see them (labelled endpointslice.kubernetes.io/managed-by="+endpointslice.ManagedBy+"; slices of other managers are never touched). Each service is published as the Kubernetes Service of the same name, which must be a DNS-1035 label (others are skipped and counted); create selector-less Services of those names for kube-proxy to route them")
-	f.StringVar(&e.Namespace, "endpointslices-namespace", "", "with --endpointslices: the namespace the slices are written to (default: the kubeconfig context's, or in a pod its service account's)")
-	f.StringVar(&e.Kubeconfig, "endpointslices-kubeconfig", "", "with --endpointslices: kubeconfig file of the cluster to write to (default: as client-go loads it: $KUBECONFIG, ~/.kube/config, else the pod's service account)")
+	f.StringVar(&e.Namespace, "endpointslices-namespace", "", "with --endpointslices: the namespace the slices (and the writer's Lease) are in, the namespace of the selector-less Services they serve; empty takes the kubeconfig context's, or the pod's (POD_NAMESPACE, then its service account's), else default")
+	f.StringVar(&e.Kubeconfig, "endpointslices-kubeconfig", "", "with --endpointslices: kubeconfig file of the cluster to write to (its current context); empty takes KUBECONFIG, else, in a pod, the pod's service account (~/.kube/config is not read unless named)")
 	f.StringVar(&e.Region, "endpointslices-region", "", "with --endpointslices: publish the endpoints of this region (default --region)")
 	f.StringVar(&e.Cluster, "endpointslices-cluster", "", "with --endpointslices: publish the endpoints of this cluster (default --cluster-name)")
 	f.IntVar(&e.MaxEndpointsPerSlice, "endpointslices-max-endpoints", endpointslice.DefaultMaxEndpointsPerSlice, "with --endpointslices: most endpoints per slice (the EndpointSlice controller's default; the API server allows 1000)")
