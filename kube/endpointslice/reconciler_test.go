@@ -308,6 +308,16 @@ func TestResyncRepairsAndSkips(t *testing.T) {
 	_, reg := e.start(t, func(c *endpointslice.ReconcilerConfig) { c.Resync = time.Second })
 	regtest.Register(t, e.c, ep("db", "10.2.0.1"))
 	regtest.Register(t, e.c, ep("Bad_Name", "10.2.0.2"))
+	regtest.Register(t, e.c, ep("db", "fd00::2:1"))
+	e.waitState(t, "db", map[string]string{"10.2.0.1": "true/true/false", "fd00::2:1": "true/true/false"})
+	types := map[discoveryv1.AddressType]bool{}
+	for _, s := range e.slicesOf(t, "db", endpointslice.ManagedBy) {
+		types[s.AddressType] = true
+	}
+	if len(types) != 2 || !types[discoveryv1.AddressTypeIPv4] || !types[discoveryv1.AddressTypeIPv6] {
+		t.Fatalf("address types %v, want a slice of each family", types)
+	}
+	unregister(t, e.c, "db", "fd00::2:1")
 	e.waitState(t, "db", map[string]string{"10.2.0.1": "true/true/false"})
 	s := e.slicesOf(t, "db", endpointslice.ManagedBy)[0]
 	if err := e.cs.DiscoveryV1().EndpointSlices(ns).Delete(context.Background(), s.Name, metav1.DeleteOptions{}); err != nil {
@@ -316,6 +326,7 @@ func TestResyncRepairsAndSkips(t *testing.T) {
 	wait.For(t, "the deleted slice recreated by a resync", 20*time.Second, func() bool {
 		return len(e.slicesOf(t, "db", endpointslice.ManagedBy)) == 1
 	})
+	e.waitState(t, "db", map[string]string{"10.2.0.1": "true/true/false"})
 	wait.For(t, "the bad service name counted", 10*time.Second, func() bool {
 		return counter(t, reg, "endpointslice_skipped_services", "") == 1
 	})
@@ -374,5 +385,14 @@ func TestElectionOneWriter(t *testing.T) {
 	}
 	if n := counter(t, regB, "endpointslice_writes_total", "create"); n != 0 {
 		t.Fatalf("the new leader created %v slices instead of adopting", n)
+	}
+}
+
+func unregister(t *testing.T, c registrarv1.RegistrarClient, svc, ip string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{Service: svc, Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: ip}); err != nil {
+		t.Fatalf("unregister %s %s: %v", svc, ip, err)
 	}
 }
