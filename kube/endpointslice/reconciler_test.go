@@ -3,6 +3,7 @@ package endpointslice_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"strings"
@@ -13,13 +14,14 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/internal/testutil/kubeapi"
+	"github.com/aethermesh/aether/internal/testutil/logbuf"
 	"github.com/aethermesh/aether/internal/testutil/regtest"
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/kube/endpointslice"
@@ -34,6 +36,7 @@ import (
 const ns = "mesh"
 
 type env struct {
+	api *kubeapi.Server
 	srv *server.Server
 	c   registrarv1.RegistrarClient
 	cs  kubernetes.Interface
@@ -48,7 +51,7 @@ func setup(t *testing.T) *env {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	srv := regtest.Start(t, server.Config{
@@ -57,7 +60,7 @@ func setup(t *testing.T) *env {
 		EmbeddedEtcdPeerAddr: "127.0.0.1:0",
 		Options:              registrar.Options{ClusterName: "c1", Region: "r1"},
 	})
-	return &env{srv: srv, c: regtest.Dial(t, srv.GRPCAddr()), cs: cs}
+	return &env{api: api, srv: srv, c: regtest.Dial(t, srv.GRPCAddr()), cs: cs}
 }
 
 // start runs a reconciler over the registrar until t ends (or stop).
@@ -394,5 +397,71 @@ func unregister(t *testing.T, c registrarv1.RegistrarClient, svc, ip string) {
 	defer cancel()
 	if _, err := c.UnregisterEndpoint(ctx, &registrarv1.UnregisterEndpointRequest{Service: svc, Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: ip}); err != nil {
 		t.Fatalf("unregister %s %s: %v", svc, ip, err)
+	}
+}
+
+// TestRequiredRulesSuffice: a reconciler acting as a ServiceAccount that
+// has exactly RequiredRules in the namespace (a Role) elects itself and
+// creates, updates and deletes slices; without the Role it writes nothing
+// (so the rules, not some wider grant, are what let it).
+func TestRequiredRulesSuffice(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	sa, err := kubernetes.NewForConfig(e.api.ServiceAccountConfig(t, ns, "aether-registrar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	elect := func(c *endpointslice.ReconcilerConfig) {
+		c.Client = sa
+		c.Election = &endpointslice.Election{Identity: "sa", LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}
+		c.Backoff.Base, c.Backoff.Max = 50*time.Millisecond, 200*time.Millisecond
+	}
+
+	// No Role yet: the ServiceAccount may not even list (a reconciler
+	// without an election shows it), nor take the Lease.
+	r, reg := e.start(t, func(c *endpointslice.ReconcilerConfig) { elect(c); c.Election = nil })
+	regtest.Register(t, e.c, ep("rbac", "10.4.0.1"))
+	wait.For(t, "the listing refused", 10*time.Second, func() bool {
+		return counter(t, reg, "endpointslice_errors_total", "list") > 0
+	})
+	r.Close()
+	var logs logbuf.Buffer
+	r, reg = e.start(t, elect, func(c *endpointslice.ReconcilerConfig) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	wait.For(t, "the election refused", 10*time.Second, func() bool {
+		return strings.Contains(logs.String(), "forbidden") && strings.Contains(logs.String(), "leases")
+	})
+	if _, err := e.cs.CoordinationV1().Leases(ns).Get(ctx, (endpointslice.Config{Region: "r1", Cluster: "c1"}).LeaseName(), metav1.GetOptions{}); err == nil {
+		t.Fatalf("the Lease exists without the Role")
+	}
+	if n := len(e.slicesOf(t, "rbac", endpointslice.ManagedBy)); n != 0 || counter(t, reg, "endpointslice_writes_total", "") != 0 {
+		t.Fatalf("%d slices written without the Role", n)
+	}
+	r.Close()
+
+	if _, err := e.cs.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "aether-endpointslices"},
+		Rules:      endpointslice.RequiredRules(),
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.cs.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "aether-endpointslices"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "aether-endpointslices"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "aether-registrar", Namespace: ns}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, reg = e.start(t, elect)
+	e.waitState(t, "rbac", map[string]string{"10.4.0.1": "true/true/false"})
+	if _, err := e.c.DrainEndpoint(ctx, &registrarv1.DrainEndpointRequest{Service: "rbac", Protocol: registryv1.Protocol_PROTOCOL_HTTP1, Ip: "10.4.0.1"}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitState(t, "rbac", map[string]string{"10.4.0.1": "false/true/true"})
+	unregister(t, e.c, "rbac", "10.4.0.1")
+	wait.For(t, "the slice deleted", 20*time.Second, func() bool {
+		return len(e.slicesOf(t, "rbac", endpointslice.ManagedBy)) == 0
+	})
+	if n := counter(t, reg, "endpointslice_errors_total", ""); n != 0 {
+		t.Fatalf("%v API errors with the Role", n)
 	}
 }
