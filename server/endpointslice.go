@@ -33,6 +33,9 @@ type EndpointSlicesConfig struct {
 	// Region and Cluster are the origin published; empty takes the
 	// registrar's own.
 	Region, Cluster string
+	// ServiceNames publishes Aether services under other Kubernetes
+	// Service names (aether name → Kubernetes name).
+	ServiceNames map[string]string
 	// MaxEndpointsPerSlice: 0 takes the EndpointSlice controller's 100.
 	MaxEndpointsPerSlice int
 	// DisableZoneHints leaves out the hints (forZones) every ready
@@ -114,7 +117,7 @@ type endpointSlices struct {
 func (c Config) validateEndpointSlices() error {
 	e := c.EndpointSlices
 	if !e.Enabled {
-		if e.Namespace != "" || e.Kubeconfig != "" || e.Region != "" || e.Cluster != "" || e.MaxEndpointsPerSlice != 0 ||
+		if e.Namespace != "" || e.Kubeconfig != "" || e.Region != "" || e.Cluster != "" || len(e.ServiceNames) > 0 || e.MaxEndpointsPerSlice != 0 ||
 			e.DisableZoneHints || e.NoLeaderElection || e.WriteQPS != 0 || e.WriteBurst != 0 || e.Resync != 0 {
 			return fmt.Errorf("the --endpointslices-* flags configure EndpointSlices, which are off: add --endpointslices or drop them")
 		}
@@ -136,6 +139,19 @@ func (c Config) validateEndpointSlices() error {
 		if errs := validation.IsDNS1123Label(e.Namespace); len(errs) > 0 {
 			return fmt.Errorf("--endpointslices-namespace %q is not a Kubernetes namespace name: %s", e.Namespace, errs[0])
 		}
+	}
+	targets := map[string]string{}
+	for from, to := range e.ServiceNames {
+		if err := registry.ValidateName("service", from); err != nil {
+			return fmt.Errorf("--endpointslices-service-name %s=%s: %v", from, to, err)
+		}
+		if err := endpointslice.ServiceName(to); err != nil {
+			return fmt.Errorf("--endpointslices-service-name %s=%s: %v", from, to, err)
+		}
+		if other, dup := targets[to]; dup {
+			return fmt.Errorf("--endpointslices-service-name: %s and %s are both published as %s; give each its own Kubernetes name", other, from, to)
+		}
+		targets[to] = from
 	}
 	for flag, v := range map[string]string{"--endpointslices-region": e.Region, "--endpointslices-cluster": e.Cluster} {
 		if v != "" {
@@ -195,14 +211,15 @@ func (s *Server) setupEndpointSlices() error {
 			MaxEndpointsPerSlice: e.MaxEndpointsPerSlice,
 			ZoneHints:            !e.DisableZoneHints,
 		},
-		Source:     s.reg,
-		Client:     cs,
-		WriteQPS:   qps,
-		WriteBurst: burst,
-		Resync:     e.Resync,
-		Election:   election,
-		Logger:     s.opts.Logger.With("component", "endpointslices"),
-		Registerer: s.reg.MetricsRegistry(),
+		ServiceNames: e.ServiceNames,
+		Source:       s.reg,
+		Client:       cs,
+		WriteQPS:     qps,
+		WriteBurst:   burst,
+		Resync:       e.Resync,
+		Election:     election,
+		Logger:       s.opts.Logger.With("component", "endpointslices"),
+		Registerer:   s.reg.MetricsRegistry(),
 	})
 	if err != nil {
 		return fmt.Errorf("--endpointslices: %w", err)

@@ -51,6 +51,11 @@ type ReconcilerConfig struct {
 	Config
 	Source Source
 	Client kubernetes.Interface
+	// ServiceNames publishes an Aether service under another Kubernetes
+	// Service name (one that is not a DNS-1035 label, say); any other is
+	// published under its own. An Aether service whose own name is one of
+	// the targets is skipped, not merged.
+	ServiceNames map[string]string
 	// WriteQPS and WriteBurst bound the rate of writes (creates, updates,
 	// deletes) to the API server: a token bucket shared by every service.
 	WriteQPS   float64
@@ -100,7 +105,8 @@ type Reconciler struct {
 	skipped map[string]map[Reason]int                        // by service
 	skipSig map[string]string                                // what was last logged of a service's skips
 
-	el *elector // nil without an Election
+	el      *elector        // nil without an Election
+	targets map[string]bool // the values of ServiceNames
 
 	stop context.CancelFunc
 	wg   sync.WaitGroup
@@ -120,6 +126,16 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		return nil, errors.New("endpointslice: no origin (region and cluster)")
 	case cfg.MaxEndpointsPerSlice < 0 || cfg.MaxEndpointsPerSlice > MaxMaxEndpointsPerSlice:
 		return nil, fmt.Errorf("endpointslice: %d endpoints per slice: want 1 to %d", cfg.MaxEndpointsPerSlice, MaxMaxEndpointsPerSlice)
+	}
+	targets := map[string]bool{}
+	for from, to := range cfg.ServiceNames {
+		if err := ServiceName(to); err != nil {
+			return nil, fmt.Errorf("endpointslice: %s published as %s: %w", from, to, err)
+		}
+		if targets[to] {
+			return nil, fmt.Errorf("endpointslice: two services published as %s", to)
+		}
+		targets[to] = true
 	}
 	if cfg.WriteQPS <= 0 {
 		cfg.WriteQPS = DefaultWriteQPS
@@ -151,6 +167,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		slices:  map[string]map[string]*discoveryv1.EndpointSlice{},
 		skipped: map[string]map[Reason]int{},
 		skipSig: map[string]string{},
+		targets: targets,
 	}
 	if cfg.Election != nil {
 		if r.el, err = newElector(r, *cfg.Election); err != nil {
@@ -261,8 +278,26 @@ func (r *Reconciler) replaceLocked(snap []*registryv1.ServiceEndpoint) {
 	r.loaded = true
 }
 
+// takenPrefix marks, in the reconciler's keys, an Aether service whose
+// name is the Kubernetes name another service is renamed to: it is not a
+// Kubernetes name (ServiceName refuses it), so the service is skipped
+// rather than merged into the other's slices.
+const takenPrefix = "\x00taken:"
+
+// kname is the Kubernetes Service name svc is published as: its
+// ServiceNames entry, else its own name.
+func (r *Reconciler) kname(svc string) string {
+	if k, ok := r.cfg.ServiceNames[svc]; ok {
+		return k
+	}
+	if r.targets[svc] {
+		return takenPrefix + svc
+	}
+	return svc
+}
+
 func (r *Reconciler) putLocked(ep *registryv1.ServiceEndpoint) {
-	svc := ep.GetService()
+	svc := r.kname(ep.GetService())
 	id := registry.IDOf(ep)
 	if !r.own(ep) {
 		// An endpoint that moved origin is gone from this one.
@@ -296,7 +331,7 @@ func (r *Reconciler) applyLocked(batch []*registrarv1.EndpointEvent) {
 		case registrarv1.EndpointEvent_ENDPOINT_ADDED, registrarv1.EndpointEvent_ENDPOINT_UPDATED:
 			r.putLocked(ev.GetEndpoint())
 		case registrarv1.EndpointEvent_ENDPOINT_REMOVED:
-			r.removeLocked(ev.GetEndpoint().GetService(), registry.IDOf(ev.GetEndpoint()))
+			r.removeLocked(r.kname(ev.GetEndpoint().GetService()), registry.IDOf(ev.GetEndpoint()))
 		case registrarv1.EndpointEvent_FULL_SNAPSHOT:
 			// A snapshot may come in chunks; the first replaces all.
 			if !r.inFull {
@@ -312,8 +347,8 @@ func (r *Reconciler) applyLocked(batch []*registrarv1.EndpointEvent) {
 		case registrarv1.EndpointEvent_SERVICES_SNAPSHOT:
 			if !r.inSvcSnp {
 				for _, svc := range ev.GetServices() {
-					delete(r.eps, svc)
-					r.dirty[svc] = true
+					delete(r.eps, r.kname(svc))
+					r.dirty[r.kname(svc)] = true
 				}
 			}
 			for _, ep := range ev.GetEndpoints() {
@@ -542,6 +577,9 @@ func (r *Reconciler) sync(ctx context.Context, svc string) error {
 	eps := r.endpointsOf(svc)
 	if err := ServiceName(svc); err != nil {
 		var skips []Skip
+		if taken, ok := strings.CutPrefix(svc, takenPrefix); ok {
+			err = fmt.Errorf("service %q: another service is published under that Kubernetes name (ServiceNames)", taken)
+		}
 		if len(eps) > 0 {
 			skips = []Skip{{Reason: ReasonServiceName, Detail: err.Error()}}
 		}
@@ -671,7 +709,7 @@ func (r *Reconciler) noteSkips(svc string, skips []Skip) {
 	sig := strings.Join(parts, "; ")
 	if sig != r.skipSig[svc] {
 		if sig != "" {
-			r.log.Warn("endpointslices: not publishing part of a service", "service", svc, "skipped", sig)
+			r.log.Warn("endpointslices: not publishing part of a service", "service", strings.TrimPrefix(svc, takenPrefix), "skipped", sig)
 		}
 		if sig == "" {
 			delete(r.skipSig, svc)

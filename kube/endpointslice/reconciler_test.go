@@ -308,9 +308,17 @@ func TestManyEndpointsAndRestartAdopts(t *testing.T) {
 // is skipped and counted.
 func TestResyncRepairsAndSkips(t *testing.T) {
 	e := setup(t)
-	_, reg := e.start(t, func(c *endpointslice.ReconcilerConfig) { c.Resync = time.Second })
+	_, reg := e.start(t, func(c *endpointslice.ReconcilerConfig) {
+		c.Resync = time.Second
+		c.ServiceNames = map[string]string{"db.v2": "db-v2"}
+	})
 	regtest.Register(t, e.c, ep("db", "10.2.0.1"))
 	regtest.Register(t, e.c, ep("Bad_Name", "10.2.0.2"))
+	// Renamed, and the service whose own name is the rename's target
+	// (skipped, not merged into it).
+	regtest.Register(t, e.c, ep("db.v2", "10.2.0.3"))
+	regtest.Register(t, e.c, ep("db-v2", "10.2.0.4"))
+	e.waitState(t, "db-v2", map[string]string{"10.2.0.3": "true/true/false"})
 	regtest.Register(t, e.c, ep("db", "fd00::2:1"))
 	e.waitState(t, "db", map[string]string{"10.2.0.1": "true/true/false", "fd00::2:1": "true/true/false"})
 	types := map[discoveryv1.AddressType]bool{}
@@ -331,7 +339,7 @@ func TestResyncRepairsAndSkips(t *testing.T) {
 	})
 	e.waitState(t, "db", map[string]string{"10.2.0.1": "true/true/false"})
 	wait.For(t, "the bad service name counted", 10*time.Second, func() bool {
-		return counter(t, reg, "endpointslice_skipped_services", "") == 1
+		return counter(t, reg, "endpointslice_skipped_services", "") == 2
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
