@@ -46,6 +46,7 @@ import (
 	"cmp"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -53,7 +54,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
@@ -277,6 +277,7 @@ func (c Config) desired(eps []*registryv1.ServiceEndpoint) (map[group]*endpointS
 		return cmp.Or(cmp.Compare(a.GetIp(), b.GetIp()), cmp.Compare(a.GetProtocol(), b.GetProtocol()))
 	})
 	groups := map[group]*endpointSet{}
+	valid := memo{}
 	for _, ep := range eps {
 		skip := func(r Reason, detail string) {
 			skipped = append(skipped, Skip{IP: ep.GetIp(), Protocol: ep.GetProtocol(), Reason: r, Detail: detail})
@@ -300,7 +301,7 @@ func (c Config) desired(eps []*registryv1.ServiceEndpoint) (map[group]*endpointS
 			set = &endpointSet{ports: ports, eps: map[string]*discoveryv1.Endpoint{}}
 			groups[g] = set
 		}
-		e := c.endpoint(ep, addr)
+		e := c.endpoint(ep, addr, valid)
 		if old, dup := set.eps[addr]; dup {
 			// Keep a ready one over one that is draining.
 			if !*old.Conditions.Ready && *e.Conditions.Ready {
@@ -385,7 +386,7 @@ func portsKey(ports []discoveryv1.EndpointPort) string {
 // as the controller marks a terminating pod that still passes its
 // readiness probe), its zone, its node when that is a name a Kubernetes
 // node could have, and its zone hint.
-func (c Config) endpoint(ep *registryv1.ServiceEndpoint, addr string) *discoveryv1.Endpoint {
+func (c Config) endpoint(ep *registryv1.ServiceEndpoint, addr string, valid memo) *discoveryv1.Endpoint {
 	draining := ep.GetState() == registryv1.State_STATE_DRAINING
 	e := &discoveryv1.Endpoint{
 		Addresses: []string{addr},
@@ -395,17 +396,31 @@ func (c Config) endpoint(ep *registryv1.ServiceEndpoint, addr string) *discovery
 			Terminating: ptr(draining),
 		},
 	}
-	if n := ep.GetNode(); n != "" && len(validation.IsDNS1123Subdomain(n)) == 0 {
+	if n := ep.GetNode(); n != "" && valid.check("node:"+n, func() bool { return len(validation.IsDNS1123Subdomain(n)) == 0 }) {
 		e.NodeName = ptr(n)
 	}
 	if z := ep.GetZone(); z != "" {
 		e.Zone = ptr(z)
 		// A hint names a zone as a label value (validateHints).
-		if c.ZoneHints && !draining && len(validation.IsValidLabelValue(z)) == 0 {
+		if c.ZoneHints && !draining && valid.check("zone:"+z, func() bool { return len(validation.IsValidLabelValue(z)) == 0 }) {
 			e.Hints = &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: z}}}
 		}
 	}
 	return e
+}
+
+// memo remembers the answers of the name checks within one plan: a
+// service's endpoints share a few nodes and zones, and the checks are
+// regular expressions.
+type memo map[string]bool
+
+func (m memo) check(key string, f func() bool) bool {
+	ok, seen := m[key]
+	if !seen {
+		ok = f()
+		m[key] = ok
+	}
+	return ok
 }
 
 // planAddressType is the controller's reconcileByAddressType and
@@ -487,7 +502,7 @@ func (c Config) planPorts(svc string, at discoveryv1.AddressType, want *endpoint
 				break
 			}
 			keep = append(keep, *d)
-			if !apiequality.Semantic.DeepEqual(*d, e) {
+			if !endpointEqual(d, &e) {
 				differs = true
 			}
 			delete(want.eps, k)
@@ -496,7 +511,7 @@ func (c Config) planPorts(svc string, at discoveryv1.AddressType, want *endpoint
 		switch {
 		case len(keep) == 0:
 			del = append(del, s)
-		case differs || len(keep) != len(s.Endpoints) || !apiequality.Semantic.DeepEqual(labels, s.Labels):
+		case differs || len(keep) != len(s.Endpoints) || !maps.Equal(labels, s.Labels):
 			cp := s.DeepCopy()
 			cp.Endpoints, cp.Labels = keep, labels
 			changed[cp.Name] = cp
@@ -548,6 +563,33 @@ func (c Config) planPorts(svc string, at discoveryv1.AddressType, want *endpoint
 		update = append(update, s)
 	}
 	return create, update, del
+}
+
+// endpointEqual reports whether a stored endpoint is the desired one: a
+// field-by-field comparison (the planner's hot loop; reflection-based
+// DeepEqual was most of a plan's time at 10k endpoints). Fields the
+// planner never sets must be unset in the stored one.
+func endpointEqual(a, b *discoveryv1.Endpoint) bool {
+	if !slices.Equal(a.Addresses, b.Addresses) ||
+		!ptrEqual(a.Conditions.Ready, b.Conditions.Ready) || !ptrEqual(a.Conditions.Serving, b.Conditions.Serving) ||
+		!ptrEqual(a.Conditions.Terminating, b.Conditions.Terminating) ||
+		!ptrEqual(a.Hostname, b.Hostname) || !ptrEqual(a.NodeName, b.NodeName) || !ptrEqual(a.Zone, b.Zone) {
+		return false
+	}
+	if (a.TargetRef == nil) != (b.TargetRef == nil) || a.TargetRef != nil && *a.TargetRef != *b.TargetRef {
+		return false
+	}
+	if !maps.Equal(a.DeprecatedTopology, b.DeprecatedTopology) {
+		return false
+	}
+	if (a.Hints == nil) != (b.Hints == nil) {
+		return false
+	}
+	return a.Hints == nil || slices.Equal(a.Hints.ForZones, b.Hints.ForZones) && slices.Equal(a.Hints.ForNodes, b.Hints.ForNodes)
+}
+
+func ptrEqual[T comparable](a, b *T) bool {
+	return (a == nil) == (b == nil) && (a == nil || *a == *b)
 }
 
 // sliceToFill is the controller's getSliceToFill: the slice that n more
