@@ -1,11 +1,20 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
+	registryv1 "github.com/aethermesh/aether/api/registry/v1"
+	"github.com/aethermesh/aether/internal/testutil/kubeapi"
+	"github.com/aethermesh/aether/internal/testutil/regtest"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/server"
 )
 
@@ -75,5 +84,72 @@ func TestKubernetesFlags(t *testing.T) {
 	t.Setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
 	if res := runCLI(t, nil, nil, append(base, "--backend", "kubernetes")...); res.err != nil {
 		t.Fatalf("--backend kubernetes in a pod: %v", res.err)
+	}
+}
+
+// runRegistrarCmd runs `aether <args>` as the binary does (the real
+// serve), until the returned stop is called; stop returns its error.
+func runRegistrarCmd(t *testing.T, args ...string) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var out, errb bytes.Buffer
+	root := newRoot(deps{stdout: &out, stderr: &errb, lookupEnv: func(string) (string, bool) { return "", false }, serve: serveRegistrar})
+	root.SetArgs(args)
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() { cancel(); err = <-done })
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// TestRegistrarOnKubernetesEndToEnd: `aether registrar --backend
+// kubernetes --kubeconfig <file>` against a real kube-apiserver: it
+// installs its CRDs, serves registrations over gRPC, and a restart (a new
+// process, the same flags) still has them, loaded from the API server.
+func TestRegistrarOnKubernetesEndToEnd(t *testing.T) {
+	api := kubeapi.Start(t)
+	t.Setenv("KUBECONFIG", "")
+	grpcAddr, httpAddr := regtest.FreeAddr(t), regtest.FreeAddr(t)
+	args := []string{"registrar", "--cluster-name", testCluster, "--region", testRegion,
+		"--backend", "kubernetes", "--kubeconfig", api.Kubeconfig, "--kubernetes-namespace", "default", "--kubernetes-install-crds",
+		"--grpc-addr", grpcAddr, "--http-addr", httpAddr, "--log-level", "error"}
+	stop := runRegistrarCmd(t, args...)
+	c := regtest.Dial(t, grpcAddr)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	e := regtest.EP("web", "10.0.0.1", 80)
+	wait.For(t, "the registrar on kubernetes to accept a registration", 30*time.Second, func() bool {
+		_, err := c.RegisterEndpoint(ctx, &registrarv1.RegisterEndpointRequest{Endpoint: e})
+		return err == nil
+	})
+	if _, err := c.AnnounceNode(ctx, &registrarv1.AnnounceNodeRequest{Node: &registryv1.Node{Name: "n1"}}); err != nil {
+		t.Fatalf("AnnounceNode: %v", err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("registrar exited with %v", err)
+	}
+
+	runRegistrarCmd(t, args...)
+	c = regtest.Dial(t, grpcAddr)
+	var eps []*registryv1.ServiceEndpoint
+	wait.For(t, "the restarted registrar to serve the endpoint it loaded", 30*time.Second, func() bool {
+		r, err := c.ListAllEndpoints(ctx, &registrarv1.ListAllEndpointsRequest{Services: []string{"web"}})
+		if err != nil {
+			return false
+		}
+		eps = r.GetEndpoints()
+		return len(eps) == 1
+	})
+	if eps[0].GetIp() != "10.0.0.1" {
+		t.Fatalf("after the restart: %v", eps)
+	}
+	nodes, err := c.ListNodes(ctx, &registrarv1.ListNodesRequest{})
+	if err != nil || len(nodes.GetNodes()) != 1 || nodes.GetNodes()[0].GetNode().GetName() != "n1" {
+		t.Fatalf("nodes after the restart: %v, %v", nodes, err)
 	}
 }
