@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -96,6 +97,9 @@ type Store struct {
 	// inflight is a semaphore of MaxInFlight tokens, taken around every
 	// API call of the store's own loops.
 	inflight chan struct{}
+
+	// fenceSeq numbers fence writes, so each one changes the object.
+	fenceSeq atomic.Int64
 
 	// now is the clock tombstones are dated and collected by.
 	now func() time.Time
@@ -282,3 +286,5 @@ func permanent(err error) bool {
 	return apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) || apierrors.IsRequestEntityTooLargeError(err) ||
 		apierrors.IsUnsupportedMediaType(err) || apierrors.IsNotAcceptable(err)
 }
+
+func errorsIsCompacted(err error) bool { return errors.Is(err, backend.ErrCompacted) }
