@@ -13,7 +13,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	kubestore "github.com/aethermesh/aether/backend/kubernetes"
-	"github.com/aethermesh/aether/registrar"
 )
 
 // BackendKubernetes is --backend kubernetes: the registry as custom
@@ -104,12 +103,7 @@ func (s *Server) loadKubernetes(ctx context.Context) error {
 		return fmt.Errorf("--backend kubernetes (%s): %w", where, err)
 	}
 	s.kube = store
-	// TODO(merge): a plain assignment once the store has every method.
-	full, ok := any(store).(registrar.Backend)
-	if !ok {
-		return errors.New("--backend kubernetes: this build's kubernetes store lacks methods of the backend contract")
-	}
-	s.backend.Backend = full
+	s.backend.Backend = store
 	s.startup.waitFor("loading its snapshot from the Kubernetes API server: " + where)
 	if err := s.reg.Start(ctx); err != nil {
 		return err

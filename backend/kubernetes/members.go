@@ -24,6 +24,11 @@ import (
 // listing, digest or watch of the registry sees members, and the RBAC is
 // that of the Leases.
 
+var (
+	_ backend.Leases  = (*Store)(nil)
+	_ backend.Members = (*Store)(nil)
+)
+
 // memberPrefix is the label and annotation key prefix of member records.
 const memberPrefix = "members.aether.dev/"
 

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -73,7 +71,7 @@ func (s *Store) PutNode(ctx context.Context, n *registryv1.Node, lease int64) (i
 			}
 		}
 	}
-	obj, err := nodeRecordObject(n, key, lease)
+	obj, err := nodeRecordObject(n, lease)
 	if err != nil {
 		return 0, fmt.Errorf("kubernetes: put node %s: %w: %v", key, backend.ErrInvalidMutation, err)
 	}
@@ -286,59 +284,18 @@ func (r *reaper) sweep(ctx context.Context) error {
 	}
 }
 
-// nodeRecordObject is n's AetherNode under lease, in the schema of
-// crds/aethernodes.yaml (crd.go's nodeSpec).
-func nodeRecordObject(n *registryv1.Node, key string, lease int64) (*unstructured.Unstructured, error) {
-	o := nodeObject{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: NodeObjectName(key, n.GetName()),
-			Labels: map[string]string{
-				LabelManagedBy: managedBy,
-				LabelKeyHash:   keyHash(key),
-				labelLease:     leaseHex(lease),
-			},
-		},
-		Spec: nodeSpec{
-			Key:             key,
-			Region:          n.GetRegion(),
-			Cluster:         n.GetCluster(),
-			Name:            n.GetName(),
-			Zone:            n.GetZone(),
-			Address:         n.GetAddress(),
-			Services:        n.GetServices(),
-			Labels:          n.GetLabels(),
-			LeaseID:         n.GetLeaseId(),
-			LeaseTTLSeconds: n.GetLeaseTtlSeconds(),
-			Lease:           leaseName(lease),
-		},
-	}
-	if h := n.GetHealth(); h != nil {
-		o.Spec.Health = &healthSpec{
-			Message:              h.GetMessage(),
-			EndpointsServing:     h.GetEndpointsServing(),
-			EndpointsTotal:       h.GetEndpointsTotal(),
-			EndpointsHeld:        h.GetEndpointsHeld(),
-			EndpointsHeldServing: h.GetEndpointsHeldServing(),
-		}
-		if h.GetStatus() != registryv1.Health_HEALTH_UNSPECIFIED {
-			o.Spec.Health.Status = strings.TrimPrefix(h.GetStatus().String(), "HEALTH_")
-		}
-	}
-	if t := n.GetAnnouncedAt(); t != nil {
-		o.Spec.AnnouncedAt = t.AsTime().UTC().Format(time.RFC3339Nano)
-	}
-	if st := n.GetStamp(); st != nil {
-		if st.GetHlc() > math.MaxInt64 {
-			return nil, fmt.Errorf("stamp %d does not fit the schema's int64", st.GetHlc())
-		}
-		o.Spec.Stamp = &stampSpec{HLC: int64(st.GetHlc()), Writer: st.GetWriter()}
-	}
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&o)
+// nodeRecordObject is n's AetherNode under lease (crd.go's NodeObject),
+// labelled with the lease for the reaper's listings.
+func nodeRecordObject(n *registryv1.Node, lease int64) (*unstructured.Unstructured, error) {
+	u, err := NodeObject(n, leaseName(lease))
 	if err != nil {
 		return nil, err
 	}
-	u := &unstructured.Unstructured{Object: m}
-	u.SetAPIVersion(Group + "/" + Version)
-	u.SetKind("AetherNode")
+	labels := u.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[labelLease] = leaseHex(lease)
+	u.SetLabels(labels)
 	return u, nil
 }
