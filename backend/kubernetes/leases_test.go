@@ -17,6 +17,7 @@ import (
 
 	registryv1 "github.com/aethermesh/aether/api/registry/v1"
 	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/backend/backendtest"
 	"github.com/aethermesh/aether/internal/testutil/kubeapi"
 	"github.com/aethermesh/aether/internal/testutil/wait"
 	"github.com/aethermesh/aether/registry"
@@ -32,6 +33,13 @@ func TestLiveness(t *testing.T) {
 	t.Run("LapsedLeaseReaped", func(t *testing.T) { testLapsedLeaseReaped(t, cfg) })
 	t.Run("SweepRemovesOrphans", func(t *testing.T) { testSweepRemovesOrphans(t, cfg) })
 	t.Run("MembersOnLeases", func(t *testing.T) { testMembersOnLeases(t, cfg) })
+	// The contract's own checks (backendtest.RunAll runs them too, from
+	// the store's conformance test, once the store has Leases).
+	f := backendtest.Factory{New: func(t backendtest.T) backend.Store {
+		return newLiveStore(t, cfg, testNamespace(t, cfg))
+	}}
+	t.Run("RunLeases", func(t *testing.T) { backendtest.RunLeases(t, f) })
+	t.Run("RunMembers", func(t *testing.T) { backendtest.RunMembers(t, f) })
 }
 
 // warmUp writes a first node record on a fresh API server. The first
@@ -60,14 +68,14 @@ func warmUp(t *testing.T, cfg *rest.Config) {
 }
 
 // testNamespace creates a namespace of its own for one test.
-func testNamespace(t *testing.T, cfg *rest.Config) string {
+func testNamespace(t backendtest.T, cfg *rest.Config) string {
 	t.Helper()
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	ns := "t-" + hex.EncodeToString(b[:])
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -79,7 +87,7 @@ func testNamespace(t *testing.T, cfg *rest.Config) string {
 
 // newLiveStore is a Store on srv in a fresh namespace, closed at the end
 // of the test.
-func newLiveStore(t *testing.T, cfg *rest.Config, ns string) *Store {
+func newLiveStore(t backendtest.T, cfg *rest.Config, ns string) *Store {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
