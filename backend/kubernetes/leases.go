@@ -67,19 +67,21 @@ func leaseIDOf(s string) int64 {
 	return int64(id)
 }
 
-// RequiredRules is the RBAC the backend needs in its namespace, exactly
-// the verbs it uses: its records (AetherEndpoints, AetherNodes) read,
-// listed, watched and written with resourceVersion preconditions; the
-// Leases of node liveness and membership likewise; and the CRDs read to
-// check they are installed (cluster-scoped: a ClusterRole's rule; with
-// --kubernetes-install-crds also create and update, see
-// InstallCRDRules).
+// RequiredRules is the RBAC the backend needs, exactly the verbs it uses
+// (TestRequiredRulesExact records every request the backend makes through
+// the conformance suite and compares): in its namespace, its records
+// (AetherEndpoints, AetherNodes) read, listed, watched, created, updated
+// with resourceVersion preconditions, patched (server-side apply of the
+// watch fences) and deleted (tombstone collection, ended leases), and the
+// Leases of node liveness and membership likewise but never patched; and,
+// cluster-scoped (a ClusterRole's rule), its two CRDs read, to check they
+// are installed. --kubernetes-install-crds needs InstallCRDRules as well.
 func RequiredRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{
-			APIGroups: []string{"aether.dev"},
-			Resources: []string{"aetherendpoints", "aethernodes"},
-			Verbs:     []string{"get", "list", "watch", "create", "update", "delete"},
+			APIGroups: []string{Group},
+			Resources: []string{EndpointsResource.Resource, NodesResource.Resource},
+			Verbs:     []string{"get", "list", "watch", "create", "update", "patch", "delete"},
 		},
 		{
 			APIGroups: []string{"coordination.k8s.io"},
@@ -89,15 +91,16 @@ func RequiredRules() []rbacv1.PolicyRule {
 		{
 			APIGroups:     []string{"apiextensions.k8s.io"},
 			Resources:     []string{"customresourcedefinitions"},
-			ResourceNames: []string{"aetherendpoints.aether.dev", "aethernodes.aether.dev"},
+			ResourceNames: []string{EndpointsResource.Resource + "." + Group, NodesResource.Resource + "." + Group},
 			Verbs:         []string{"get"},
 		},
 	}
 }
 
 // InstallCRDRules is the extra (cluster-scoped) RBAC of
-// --kubernetes-install-crds: creating the CRDs (create cannot be limited
-// by resourceNames) and updating them to this version's schema.
+// --kubernetes-install-crds: the CRDs are installed by server-side apply,
+// a patch, which creates them when absent (authorized as create, which
+// RBAC cannot limit to names).
 func InstallCRDRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{
 		{
@@ -108,8 +111,8 @@ func InstallCRDRules() []rbacv1.PolicyRule {
 		{
 			APIGroups:     []string{"apiextensions.k8s.io"},
 			Resources:     []string{"customresourcedefinitions"},
-			ResourceNames: []string{"aetherendpoints.aether.dev", "aethernodes.aether.dev"},
-			Verbs:         []string{"update"},
+			ResourceNames: []string{EndpointsResource.Resource + "." + Group, NodesResource.Resource + "." + Group},
+			Verbs:         []string{"patch"},
 		},
 	}
 }

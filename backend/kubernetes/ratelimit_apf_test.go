@@ -23,24 +23,14 @@ import (
 func grantRequiredRules(t *testing.T, cs kubernetes.Interface, ns, name string) {
 	t.Helper()
 	ctx := ctxT(t)
-	var local, cluster []rbacv1.PolicyRule
+	var cluster []rbacv1.PolicyRule
 	for _, r := range RequiredRules() {
 		if len(r.APIGroups) == 1 && r.APIGroups[0] == "apiextensions.k8s.io" {
 			cluster = append(cluster, r)
-		} else {
-			local = append(local, r)
 		}
 	}
+	grantRoleIn(t, cs, ns, ns, name)
 	subj := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: name}}
-	if _, err := cs.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: local}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: name}, Subjects: subj,
-		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	cr := ns + "-" + name
 	if _, err := cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: cr}, Rules: cluster}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -48,6 +38,29 @@ func grantRequiredRules(t *testing.T, cs kubernetes.Interface, ns, name string) 
 	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: cr}, Subjects: subj,
 		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: cr},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// grantRoleIn grants the namespaced RequiredRules in roleNS to the
+// ServiceAccount saNS/name.
+func grantRoleIn(t *testing.T, cs kubernetes.Interface, roleNS, saNS, name string) {
+	t.Helper()
+	ctx := ctxT(t)
+	var local []rbacv1.PolicyRule
+	for _, r := range RequiredRules() {
+		if !(len(r.APIGroups) == 1 && r.APIGroups[0] == "apiextensions.k8s.io") {
+			local = append(local, r)
+		}
+	}
+	subj := []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: saNS, Name: name}}
+	if _, err := cs.RbacV1().Roles(roleNS).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: local}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.RbacV1().RoleBindings(roleNS).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name}, Subjects: subj,
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
