@@ -124,8 +124,9 @@ func TestRequiredRulesExact(t *testing.T) {
 			t.FailNow()
 		}
 	}
-	// A delete's tombstone, collected once older than the TTL, and a
-	// record swept after its lease was deleted from under it.
+	// A delete's tombstone, collected once older than the TTL; a node
+	// record put again; and a record swept after its lease was deleted
+	// from under it.
 	s := f.New(t).(*Store)
 	ctx := ctxT(t)
 	e := &registryv1.ServiceEndpoint{Service: "gc", Ip: "10.0.0.1", Region: "r1", Cluster: "c1", Ports: []*registryv1.Port{{Port: 80}},
@@ -145,8 +146,10 @@ func TestRequiredRulesExact(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.PutNode(ctx, &registryv1.Node{Name: "orphan", Region: "r1", Cluster: "c1"}, id); err != nil {
-		t.Fatal(err)
+	for _, addr := range []string{"10.0.0.1", "10.0.0.2"} { // a create, then an update (a node announcing again)
+		if _, err := s.PutNode(ctx, &registryv1.Node{Name: "orphan", Region: "r1", Cluster: "c1", Address: addr}, id); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := s.leases().Delete(ctx, leaseName(id), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
