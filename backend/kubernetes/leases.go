@@ -211,15 +211,26 @@ func (s *Store) GrantLease(ctx context.Context, ttl time.Duration) (int64, error
 
 // KeepAliveOnce renews a live lease: renewTime moved to now, written with
 // the resourceVersion read as precondition, so that it and a reaper's
-// delete cannot both succeed.
+// delete cannot both succeed. The first attempt takes the Lease from the
+// reaper's cache instead of a read, halving a heartbeat's API calls: a
+// cached version is never livelier than the Lease itself (renewals only
+// move renewTime on), a stale one fails the precondition, and one that was
+// deleted fails with NotFound, so only a cache that shows the lease live
+// is trusted, and only to try the write.
 func (s *Store) KeepAliveOnce(ctx context.Context, lease int64) (time.Duration, error) {
 	for attempt := 0; ; attempt++ {
-		l, err := s.liveLease(ctx, lease, "keep lease alive")
-		if err != nil {
-			return 0, err
+		var l *coordinationv1.Lease
+		if attempt == 0 {
+			l = s.cachedLease(lease)
+		}
+		if l == nil {
+			var err error
+			if l, err = s.liveLease(ctx, lease, "keep lease alive"); err != nil {
+				return 0, err
+			}
 		}
 		l.Spec.RenewTime = s.renewStamp()
-		_, err = s.leases().Update(ctx, l, metav1.UpdateOptions{})
+		_, err := s.leases().Update(ctx, l, metav1.UpdateOptions{})
 		switch {
 		case err == nil:
 			return granted(l), nil
@@ -233,6 +244,23 @@ func (s *Store) KeepAliveOnce(ctx context.Context, lease int64) (time.Duration, 
 			return 0, fmt.Errorf("kubernetes: keep lease %x alive: %w", lease, classify(err))
 		}
 	}
+}
+
+// cachedLease is a copy of the reaper's cached Lease of lease when the
+// cache shows it live, else nil.
+func (s *Store) cachedLease(lease int64) *coordinationv1.Lease {
+	if s.reaper == nil || lease <= 0 {
+		return nil
+	}
+	o, ok, err := s.reaper.informer.GetStore().GetByKey(s.ns + "/" + leaseName(lease))
+	if err != nil || !ok {
+		return nil
+	}
+	l, ok := o.(*coordinationv1.Lease)
+	if !ok || s.lapsed(l) {
+		return nil
+	}
+	return l.DeepCopy()
 }
 
 // LeaseTTL reads a lease: what is left of it on the server's clock, and
