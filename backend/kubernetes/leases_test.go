@@ -33,13 +33,8 @@ func TestLiveness(t *testing.T) {
 	t.Run("LapsedLeaseReaped", func(t *testing.T) { testLapsedLeaseReaped(t, cfg) })
 	t.Run("SweepRemovesOrphans", func(t *testing.T) { testSweepRemovesOrphans(t, cfg) })
 	t.Run("MembersOnLeases", func(t *testing.T) { testMembersOnLeases(t, cfg) })
-	// The contract's own checks (backendtest.RunAll runs them too, from
-	// the store's conformance test, once the store has Leases).
-	f := backendtest.Factory{New: func(t backendtest.T) backend.Store {
-		return newLiveStore(t, cfg, testNamespace(t, cfg))
-	}}
-	t.Run("RunLeases", func(t *testing.T) { backendtest.RunLeases(t, f) })
-	t.Run("RunMembers", func(t *testing.T) { backendtest.RunMembers(t, f) })
+	// The contract's own checks (backendtest.RunLeases, RunMembers) run in
+	// the store's conformance test (conformance_test.go, RunAll).
 }
 
 // warmUp writes a first node record on a fresh API server. The first
