@@ -28,8 +28,9 @@ type Config struct {
 	DataDir              string
 	EmbeddedEtcdAddr     string
 	EmbeddedEtcdPeerAddr string
-	// Backend is the store: BackendEtcd (the default: the options above)
-	// or BackendDynamoDB (DynamoDB, below; no embedded etcd runs).
+	// Backend is the store: BackendEtcd (the default: the options above),
+	// BackendDynamoDB (DynamoDB, below) or BackendKubernetes (the API
+	// server's objects, below); with the last two no embedded etcd runs.
 	Backend string
 	// DynamoDB: the table (made by `aether dynamodb create-table`), and
 	// the region and endpoint where the SDK's standard chain (environment,
@@ -42,6 +43,13 @@ type Config struct {
 	// 100k endpoints the scans are most of the read bill
 	// (docs/benchmarks.md).
 	DynamoDBFullScanInterval time.Duration
+	// Kubernetes (--backend kubernetes, kubernetes.go): the kubeconfig
+	// (else KUBECONFIG, else the pod's service account), the namespace
+	// of the backend's objects (else the kubeconfig context's or the
+	// pod's), and whether the registrar installs its CRDs itself.
+	Kubeconfig            string
+	KubernetesNamespace   string
+	KubernetesInstallCRDs bool
 
 	// Serving. GRPCAddr serves the Registrar API, gRPC health and
 	// reflection; HTTPAddr serves /healthz, /readyz and /metrics. Port 0
@@ -234,7 +242,7 @@ func (c Config) Validate() error {
 	if err := c.Options.Validate(); err != nil {
 		return err
 	}
-	if err := c.validateBackend(); err != nil {
+	if err := c.validateKubernetes(); err != nil { // then validateBackend
 		return err
 	}
 	checks := []struct {

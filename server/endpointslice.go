@@ -171,6 +171,11 @@ func (s *Server) setupEndpointSlices() error {
 	if !e.Enabled {
 		return nil
 	}
+	// On --backend kubernetes the slices go to the same API server unless
+	// --endpointslices-kubeconfig names another.
+	if e.Kubeconfig == "" {
+		e.Kubeconfig = s.opts.Kubeconfig
+	}
 	restCfg, ns, err := endpointSlicesREST(e.Kubeconfig, e.Namespace)
 	if err != nil {
 		return err

@@ -124,6 +124,9 @@ type Store struct {
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
 	closeErr sync.Once
+
+	pacer  *pacer  // client pacing and the server's clock (ratelimit.go)
+	reaper *reaper // ends lapsed leases (nodes.go)
 }
 
 // New connects to the API server, makes sure the CRDs are there (installing
@@ -136,16 +139,11 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if errs := validation.IsDNS1123Label(cfg.Namespace); len(errs) > 0 {
 		return nil, fmt.Errorf("kubernetes backend: namespace %q is not a valid namespace name: %v", cfg.Namespace, errs)
 	}
-	rc := rest.CopyConfig(cfg.RESTConfig)
-	if rc.UserAgent == "" {
-		rc.UserAgent = "aether-registrar"
-	}
-	if rc.QPS == 0 && rc.RateLimiter == nil {
-		// client-go's defaults (5 QPS, burst 10) would make a batch of
-		// 100 writes take 20 s; the API server's priority and fairness
-		// protects itself, and 429s are retried with Retry-After.
-		rc.QPS, rc.Burst = 200, 400
-	}
+	// QPS/Burst, the user agent, bounded concurrency and Retry-After
+	// for the whole client, and the server clock leases are judged by
+	// (ratelimit.go).
+	pc := newPacer(cfg.MaxInFlight)
+	rc := pc.configure(cfg.RESTConfig)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -175,6 +173,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 		id:       hex.EncodeToString(idb[:]),
 		inflight: make(chan struct{}, max(cfg.MaxInFlight, 1)),
 		now:      time.Now,
+		pacer:    pc,
 	}
 	if cfg.MaxInFlight <= 0 {
 		s.inflight = make(chan struct{}, DefaultMaxInFlight)
@@ -196,6 +195,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := s.checkResourceVersions(ctx); err != nil {
 		return nil, err
 	}
+	s.startReaper()
 	gcCtx, stop := context.WithCancel(context.Background())
 	s.base = gcCtx
 	s.stop = func() {
@@ -226,6 +226,7 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 func (s *Store) Close() error {
 	s.stop()
 	s.wg.Wait()
+	s.stopReaper()
 	return nil
 }
 
