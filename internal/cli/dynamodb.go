@@ -13,7 +13,7 @@ import (
 
 // addDynamoDBFlags adds the registrar's --backend and DynamoDB flags.
 func addDynamoDBFlags(f *pflag.FlagSet, opts *server.Config) {
-	f.StringVar(&opts.Backend, "backend", opts.Backend, "the store: etcd (embedded, or --etcd-endpoints) dynamodb (--dynamodb-table; syncs by polling, see docs/operations.md) or kubernetes (custom resources in a Kubernetes API server: --kubeconfig, else the pod's service account)")
+	f.StringVar(&opts.Backend, "backend", opts.Backend, "the store: etcd (embedded, or --etcd-endpoints), dynamodb (--dynamodb-table; syncs by polling, see docs/operations.md) or kubernetes (custom resources in a Kubernetes API server: --kubeconfig, else the pod's service account)")
 	f.StringVar(&opts.DynamoDBTable, "dynamodb-table", "", "with --backend dynamodb: the table (create it with aether dynamodb create-table)")
 	f.StringVar(&opts.DynamoDBRegion, "dynamodb-region", "", "with --backend dynamodb: the AWS region; empty takes the SDK's chain (AWS_REGION, the shared config)")
 	f.StringVar(&opts.DynamoDBEndpoint, "dynamodb-endpoint", "", "with --backend dynamodb: the DynamoDB endpoint URL, for a local server (e.g. http://127.0.0.1:4567); empty is AWS's")
