@@ -127,7 +127,9 @@ func TestManifestFlagCheckCatchesBadFlags(t *testing.T) {
 			cm := p.configMap(c.EnvFrom[0].ConfigMapRef.Name)
 			cm.Data["AETHER_CLUSTER"] = "c1" // the agent's flag, not the registrar's
 		}, "AETHER_CLUSTER"},
-		{"stray variable", func(c *corev1.Container, _ *parts) { c.Env = append(c.Env, corev1.EnvVar{Name: "ETCD_ENDPOINTS", Value: "x"}) }, "neither"},
+		{"stray variable", func(c *corev1.Container, _ *parts) {
+			c.Env = append(c.Env, corev1.EnvVar{Name: "ETCD_ENDPOINTS", Value: "x"})
+		}, "neither"},
 	}
 	if _, probs := checkContainerCLI(p, &base); len(probs) > 0 {
 		t.Fatalf("the unbroken container already fails: %v", probs)
