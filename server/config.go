@@ -133,6 +133,10 @@ type Config struct {
 	// TLSClientCAFile).
 	PeerAdvertiseAddr string
 	PeerWatchCACert   string
+
+	// EndpointSlices: discovery.k8s.io/v1 EndpointSlices of this origin's
+	// services for Kubernetes-native consumers (endpointslice.go).
+	EndpointSlices EndpointSlicesConfig
 }
 
 // TLSEnabled reports whether the registrar serves TLS.
@@ -249,6 +253,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if err := c.validatePeerWatch(); err != nil {
+		return err
+	}
+	if err := c.validateEndpointSlices(); err != nil {
 		return err
 	}
 	return c.validateSecurity()

@@ -82,6 +82,8 @@ type Server struct {
 
 	dynamo *dynamoBackend // with --backend dynamodb; nil on etcd
 
+	eslices *endpointSlices // with --endpointslices (endpointslice.go)
+
 	startup  *startup
 	loadStop context.CancelFunc
 	loadDone chan struct{} // closed when load has returned
@@ -344,6 +346,10 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 
 	s.serveConsole(mux)
 
+	if err := s.setupEndpointSlices(); err != nil {
+		return nil, err
+	}
+
 	loadCtx, cancel := context.WithCancel(ctx)
 	s.loadStop = cancel
 	go func() {
@@ -456,6 +462,7 @@ func (s *Server) serving() {
 		// first snapshot.
 		s.xds.Start()
 	}
+	s.startEndpointSlices()
 	s.startup.ready()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(registrarv1.Registrar_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
@@ -612,6 +619,7 @@ func (s *Server) teardown() {
 		s.console = nil
 	}
 	s.closeXDS()
+	s.closeEndpointSlices()
 	if s.replStop != nil {
 		// Stops mirroring without revoking peer leases: revoking would
 		// delete this region's mirror from every peer at once. Left alone,

@@ -54,9 +54,10 @@ Without them it serves plaintext and warns: development only.`,
 			if err != nil {
 				return err
 			}
-			if err := refuseZeros(cmd.Flags(), registrarZeroFlags...); err != nil {
+			if err := refuseZeros(cmd.Flags(), append(registrarZeroFlags, endpointSliceZeroFlags...)...); err != nil {
 				return err
 			}
+			endpointSliceDefaults(cmd.Flags(), &opts)
 			// Plaintext listens on loopback unless told otherwise; with TLS
 			// the defaults are every interface (server.DefaultListenAddrs).
 			grpcAddr, httpAddr := server.DefaultListenAddrs(opts.TLSEnabled())
@@ -90,6 +91,7 @@ Without them it serves plaintext and warns: development only.`,
 	f.StringVar(&opts.EmbeddedEtcdAddr, "embedded-etcd-addr", opts.EmbeddedEtcdAddr, "client address of the embedded etcd")
 	f.StringVar(&opts.EmbeddedEtcdPeerAddr, "embedded-etcd-peer-addr", opts.EmbeddedEtcdPeerAddr, "peer address of the embedded etcd")
 	addDynamoDBFlags(f, &opts)
+	addEndpointSliceFlags(f, &opts)
 	f.StringVar(&opts.GRPCAddr, "grpc-addr", opts.GRPCAddr, "address of the Registrar gRPC API (port 0 picks a free port); default loopback only without TLS, "+server.DefaultTLSGRPCAddr+" (every interface) with --tls-cert")
 	f.StringVar(&opts.HTTPAddr, "http-addr", opts.HTTPAddr, "address of /healthz, /readyz and /metrics (port 0 picks a free port); default loopback only without TLS, "+server.DefaultTLSHTTPAddr+" (every interface) with --tls-cert")
 	f.StringVar(&opts.XDSAddr, "xds-addr", "", "serve xDS (ADS, CDS/EDS/LDS/RDS, state of the world and delta) for proxyless gRPC clients (xds:///service) and gateways on this address, with the same TLS as --grpc-addr; empty (the default) serves none. Resources are named after the service, or service:port for a service with several ports (see README, \"xDS\")")

@@ -1,0 +1,48 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestEndpointSliceFlags: the flags reach server.Config; without
+// --endpointslices the others are refused, as are zeros and bad values,
+// each naming the flag.
+func TestEndpointSliceFlags(t *testing.T) {
+	base := []string{"registrar", "--cluster-name", "c1", "--region", "r1"}
+
+	res := runCLI(t, nil, nil, base...)
+	if res.err != nil || res.served == nil || res.served.EndpointSlices.Enabled || res.served.EndpointSlices.MaxEndpointsPerSlice != 0 {
+		t.Fatalf("off by default: %v %+v", res.err, res.served)
+	}
+
+	res = runCLI(t, nil, nil, append(base, "--endpointslices", "--endpointslices-namespace", "mesh",
+		"--endpointslices-kubeconfig", "/k/config", "--endpointslices-max-endpoints", "50",
+		"--endpointslices-no-zone-hints", "--endpointslices-cluster", "c2")...)
+	if res.err != nil || res.served == nil {
+		t.Fatalf("--endpointslices: %v", res.err)
+	}
+	e := res.served.EndpointSlices
+	if !e.Enabled || e.Namespace != "mesh" || e.Kubeconfig != "/k/config" || e.MaxEndpointsPerSlice != 50 ||
+		!e.DisableZoneHints || e.Cluster != "c2" || e.Region != "" || e.WriteQPS != 20 || e.Resync != 5*time.Minute {
+		t.Fatalf("served %+v", e)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--endpointslices-namespace", "mesh"}, "add --endpointslices"},
+		{[]string{"--endpointslices", "--endpointslices-max-endpoints", "0"}, "--endpointslices-max-endpoints 0"},
+		{[]string{"--endpointslices", "--endpointslices-max-endpoints", "1001"}, "--endpointslices-max-endpoints 1001"},
+		{[]string{"--endpointslices", "--endpointslices-namespace", "Mesh_1"}, "--endpointslices-namespace"},
+		{[]string{"--endpointslices", "--endpointslices-resync", "10ms"}, "--endpointslices-resync"},
+		{[]string{"--endpointslices", "--endpointslices-cluster", "a/b"}, "--endpointslices-cluster"},
+	} {
+		res := runCLI(t, nil, nil, append(base, tc.args...)...)
+		if res.err == nil || !strings.Contains(res.err.Error(), tc.want) || res.served != nil {
+			t.Errorf("%v: %v, want an error naming %q", tc.args, res.err, tc.want)
+		}
+	}
+}
