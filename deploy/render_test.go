@@ -19,21 +19,26 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/aethermesh/aether/internal/testutil/kubeapi"
 )
 
-// kubectl finds kubectl: $AETHER_KUBECTL, else on PATH. The tests need it
-// for kustomize (kubectl kustomize is the reference renderer, the one
-// operators run) and to talk to the API server as operators do; without it
-// they fail, saying how to get it.
+// kubectl finds kubectl: $AETHER_KUBECTL, else the one built beside the
+// test API server (tools/kubeapiserver, the version the tests talk to),
+// else on PATH. The tests need it for kustomize (kubectl kustomize is the
+// renderer operators run) and to apply and query as operators do; without
+// it they fail, saying how to get it.
 func kubectl(t *testing.T) string {
 	t.Helper()
 	if p := os.Getenv("AETHER_KUBECTL"); p != "" {
 		return p
 	}
+	if d, err := kubeapi.Dir(); err == nil {
+		return filepath.Join(d, "kubectl")
+	}
 	p, err := exec.LookPath("kubectl")
 	if err != nil {
-		t.Fatalf("kubectl is not on PATH (nor $AETHER_KUBECTL): these tests render the manifests with kubectl kustomize and apply them with kubectl. "+
-			"Install it (.ci/run builds it from the Go module proxy: go build k8s.io/kubernetes/cmd/kubectl, as tools/kubeapiserver does for the API server): %v", err)
+		t.Fatalf("no kubectl: not built by %s, nor on PATH, nor $AETHER_KUBECTL: the manifests' tests render with kubectl kustomize and apply with kubectl", kubeapi.BuildHint)
 	}
 	return p
 }

@@ -42,6 +42,13 @@ type Config struct {
 	// 100k endpoints the scans are most of the read bill
 	// (docs/benchmarks.md).
 	DynamoDBFullScanInterval time.Duration
+	// Kubernetes (--backend kubernetes, kubernetes.go): the kubeconfig
+	// (else KUBECONFIG, else the pod's service account), the namespace
+	// of the backend's objects (else the kubeconfig context's or the
+	// pod's), and whether the registrar installs its CRDs itself.
+	Kubeconfig            string
+	KubernetesNamespace   string
+	KubernetesInstallCRDs bool
 
 	// Serving. GRPCAddr serves the Registrar API, gRPC health and
 	// reflection; HTTPAddr serves /healthz, /readyz and /metrics. Port 0
@@ -234,7 +241,7 @@ func (c Config) Validate() error {
 	if err := c.Options.Validate(); err != nil {
 		return err
 	}
-	if err := c.validateBackend(); err != nil {
+	if err := c.validateKubernetes(); err != nil { // then validateBackend
 		return err
 	}
 	checks := []struct {

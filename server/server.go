@@ -37,6 +37,7 @@ import (
 	etcdstore "github.com/aethermesh/aether/backend/etcd"
 	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 	"github.com/aethermesh/aether/backend/etcd/replicator"
+	kubestore "github.com/aethermesh/aether/backend/kubernetes"
 	"github.com/aethermesh/aether/console"
 	"github.com/aethermesh/aether/pki"
 	"github.com/aethermesh/aether/registrar"
@@ -80,7 +81,8 @@ type Server struct {
 	replStop context.CancelFunc
 	replDone chan struct{}
 
-	dynamo *dynamoBackend // with --backend dynamodb; nil on etcd
+	dynamo *dynamoBackend   // with --backend dynamodb; nil on etcd
+	kube   *kubestore.Store // with --backend kubernetes, once connected (kubernetes.go)
 
 	eslices *endpointSlices // with --endpointslices (endpointslice.go)
 
@@ -373,6 +375,9 @@ func (s *Server) load(ctx context.Context, etcdCfg clientv3.Config, peers []repl
 	if s.dynamo != nil {
 		return s.loadDynamo(ctx)
 	}
+	if opts.Backend == BackendKubernetes {
+		return s.loadKubernetes(ctx)
+	}
 	endpoints := opts.EtcdEndpoints
 	if len(endpoints) == 0 {
 		dir := filepath.Join(opts.DataDir, "etcd")
@@ -642,6 +647,9 @@ func (s *Server) teardown() {
 	}
 	if s.cli != nil {
 		_ = s.cli.Close()
+	}
+	if s.kube != nil {
+		_ = s.kube.Close()
 	}
 	if s.tls != nil {
 		_ = s.tls.Close()

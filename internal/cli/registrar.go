@@ -92,6 +92,7 @@ Without them it serves plaintext and warns: development only.`,
 	f.StringVar(&opts.EmbeddedEtcdPeerAddr, "embedded-etcd-peer-addr", opts.EmbeddedEtcdPeerAddr, "peer address of the embedded etcd")
 	addDynamoDBFlags(f, &opts)
 	addEndpointSliceFlags(f, &opts)
+	addKubernetesFlags(f, &opts)
 	f.StringVar(&opts.GRPCAddr, "grpc-addr", opts.GRPCAddr, "address of the Registrar gRPC API (port 0 picks a free port); default loopback only without TLS, "+server.DefaultTLSGRPCAddr+" (every interface) with --tls-cert")
 	f.StringVar(&opts.HTTPAddr, "http-addr", opts.HTTPAddr, "address of /healthz, /readyz and /metrics (port 0 picks a free port); default loopback only without TLS, "+server.DefaultTLSHTTPAddr+" (every interface) with --tls-cert")
 	f.StringVar(&opts.XDSAddr, "xds-addr", "", "serve xDS (ADS, CDS/EDS/LDS/RDS, state of the world and delta) for proxyless gRPC clients (xds:///service) and gateways on this address, with the same TLS as --grpc-addr; empty (the default) serves none. Resources are named after the service, or service:port for a service with several ports (see README, \"xDS\")")
@@ -187,7 +188,7 @@ func validateRegistrarOptions(o server.Config) error {
 		{"--grpc-addr", o.GRPCAddr},
 		{"--http-addr", o.HTTPAddr},
 	}
-	if len(o.EtcdEndpoints) == 0 && o.Backend != server.BackendDynamoDB {
+	if len(o.EtcdEndpoints) == 0 && o.Backend != server.BackendDynamoDB && o.Backend != server.BackendKubernetes {
 		if o.DataDir == "" {
 			return fmt.Errorf("--data-dir must not be empty when the embedded etcd is used (no --etcd-endpoints)")
 		}
