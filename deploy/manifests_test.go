@@ -342,8 +342,38 @@ func checkAgent(p *parts) []string {
 	return probs
 }
 
+// clusterKinds are the kinds here that have no namespace.
+var clusterKinds = map[string]bool{"Namespace": true, "CustomResourceDefinition": true, "ClusterRole": true, "ClusterRoleBinding": true}
+
+// checkNamespaces: every namespaced object names the namespace the
+// manifests create (one without lands in kubectl's current namespace).
+func checkNamespaces(r *rendered) []string {
+	var probs []string
+	ns := ""
+	for _, o := range r.objs {
+		if o.GetKind() == "Namespace" {
+			ns = o.GetName()
+		}
+	}
+	if ns == "" {
+		return []string{"no Namespace object"}
+	}
+	for _, o := range r.objs {
+		if clusterKinds[o.GetKind()] {
+			continue
+		}
+		if o.GetNamespace() != ns {
+			probs = append(probs, fmt.Sprintf("%s %s is in namespace %q, not %s", o.GetKind(), o.GetName(), o.GetNamespace(), ns))
+		}
+	}
+	return probs
+}
+
 func TestManifestsShape(t *testing.T) {
 	for _, r := range everything(t) {
+		if probs := checkNamespaces(r); len(probs) > 0 {
+			t.Errorf("%s: namespaces:\n  %s", r.dir, strings.Join(probs, "\n  "))
+		}
 		p := typedParts(t, r)
 		if probs := checkRegistrar(t, p); len(probs) > 0 {
 			t.Errorf("%s: registrar:\n  %s", r.dir, strings.Join(probs, "\n  "))
@@ -440,6 +470,21 @@ func TestManifestsShapeCatchesBreakage(t *testing.T) {
 			}
 			t.Fatalf("want a problem containing %q, got %q", c.want, probs)
 		})
+	}
+}
+
+func TestNamespaceCheckCatchesAStrayObject(t *testing.T) {
+	r := render(t, "overlays/kubernetes")
+	if probs := checkNamespaces(r); len(probs) > 0 {
+		t.Fatalf("unbroken: %v", probs)
+	}
+	for _, o := range r.objs {
+		if o.GetKind() == "Role" {
+			o.SetNamespace("")
+		}
+	}
+	if probs := checkNamespaces(r); len(probs) != 1 || !strings.Contains(probs[0], `Role aether-registrar is in namespace ""`) {
+		t.Fatalf("a Role without a namespace: got %q", probs)
 	}
 }
 
