@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -282,4 +283,23 @@ func (p *parts) env(c *corev1.Container) (map[string]envVar, error) {
 		env[e.Name] = envVar{value: e.Value, from: e.ValueFrom, src: "env"}
 	}
 	return env, nil
+}
+
+// syncBuf is a bytes.Buffer a child process's output goroutine and the
+// test may use at once.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

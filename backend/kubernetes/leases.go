@@ -69,7 +69,8 @@ func leaseIDOf(s string) int64 {
 
 // RequiredRules is the RBAC the backend needs in its namespace, exactly
 // the verbs it uses: its records (AetherEndpoints, AetherNodes) read,
-// listed, watched and written with resourceVersion preconditions; the
+// listed, watched and written with resourceVersion preconditions (and
+// patched: the watch fence is written by server-side apply, watch.go); the
 // Leases of node liveness and membership likewise; and the CRDs read to
 // check they are installed (cluster-scoped: a ClusterRole's rule; with
 // --kubernetes-install-crds also create and update, see
@@ -79,7 +80,7 @@ func RequiredRules() []rbacv1.PolicyRule {
 		{
 			APIGroups: []string{"aether.dev"},
 			Resources: []string{"aetherendpoints", "aethernodes"},
-			Verbs:     []string{"get", "list", "watch", "create", "update", "delete"},
+			Verbs:     []string{"get", "list", "watch", "create", "update", "patch", "delete"},
 		},
 		{
 			APIGroups: []string{"coordination.k8s.io"},
