@@ -24,8 +24,9 @@ func envFlag(name string) (string, bool) {
 	return strings.ToLower(strings.ReplaceAll(rest, "_", "-")), true
 }
 
-// otherEnv are the variables the containers may set that are not flags.
-var otherEnv = map[string]bool{"GOMEMLIMIT": true}
+// otherEnv are the variables the containers may set that are not flags
+// (POD_IP: for $(POD_IP) in AETHER_PEER_ADVERTISE_ADDR).
+var otherEnv = map[string]bool{"GOMEMLIMIT": true, "POD_IP": true}
 
 // checkContainerCLI parses a container's command line and environment with
 // the aether CLI's own flag parser, as the binary will: the subcommand

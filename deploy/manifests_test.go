@@ -280,6 +280,21 @@ func checkRegistrar(t *testing.T, p *parts) []string {
 			bad("--%s=%s is not in a mounted Secret", f, v)
 		}
 	}
+	if adv := env["AETHER_PEER_ADVERTISE_ADDR"]; adv.value != "" {
+		ip := env["POD_IP"]
+		want := "$(POD_IP):" + strconv.Itoa(int(registrarPorts["grpc"]))
+		if adv.value != want || ip.from == nil || ip.from.FieldRef == nil || ip.from.FieldRef.FieldPath != "status.podIP" {
+			bad("peer-watch advertises %q (POD_IP from %+v), want %s with POD_IP the pod's status.podIP", adv.value, ip.from, want)
+		}
+		// The kubelet expands $(VAR) only from variables defined before.
+		pos := map[string]int{}
+		for i, e := range c.Env {
+			pos[e.Name] = i
+		}
+		if pi, ok := pos["POD_IP"]; !ok || pi > pos["AETHER_PEER_ADVERTISE_ADDR"] {
+			bad("POD_IP is not defined before AETHER_PEER_ADVERTISE_ADDR: $(POD_IP) would stay literal")
+		}
+	}
 	if _, ok := argValue(c.Args, "tls-client-ca"); ok && env["AETHER_TRUST_DOMAIN"].value == "" {
 		bad("--tls-client-ca without AETHER_TRUST_DOMAIN: the registrar refuses to start")
 	}
@@ -453,11 +468,29 @@ func TestManifestsShapeCatchesBreakage(t *testing.T) {
 				}
 			}
 		}, "AETHER_NODE"},
+		{"peer address before POD_IP", "combo:etcd-peer-watch", func(p *parts) {
+			c := &p.deployments[0].Spec.Template.Spec.Containers[0]
+			var ip, rest []corev1.EnvVar
+			for _, e := range c.Env {
+				if e.Name == "POD_IP" {
+					ip = append(ip, e)
+				} else {
+					rest = append(rest, e)
+				}
+			}
+			c.Env = append(rest, ip...)
+		}, "would stay literal"},
 		{"agent hostPort", "overlays/etcd", func(p *parts) { p.daemonsets[0].Spec.Template.Spec.Containers[0].Ports[0].HostPort = 15010 }, "hostPort"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p := typedParts(t, render(t, c.dir))
+			var r *rendered
+			if name, ok := strings.CutPrefix(c.dir, "combo:"); ok {
+				r = renderCombo(t, name)
+			} else {
+				r = render(t, c.dir)
+			}
+			p := typedParts(t, r)
 			if probs := append(checkRegistrar(t, p), checkAgent(p)...); len(probs) > 0 {
 				t.Fatalf("unbroken %s already fails: %v", c.dir, probs)
 			}

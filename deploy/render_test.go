@@ -106,6 +106,8 @@ var combos = map[string]struct {
 	"kubernetes-tls":          {[]string{"base", "agent"}, []string{"components/kubernetes", "components/tls"}, nil},
 	"embedded-etcd-tls":       {[]string{"overlays/embedded-etcd"}, []string{"components/tls"}, nil},
 	"embedded-etcd-kubeslice": {[]string{"overlays/embedded-etcd"}, []string{"components/endpointslices"}, nil},
+	"etcd-peer-watch":         {[]string{"base", "agent"}, []string{"components/etcd", "components/peer-watch"}, []string{"AETHER_ETCD_ENDPOINTS=http://etcd:2379"}},
+	"kubernetes-peer-watch":   {[]string{"base", "agent"}, []string{"components/kubernetes", "components/peer-watch"}, nil},
 }
 
 // renderCombo writes a kustomization for combos[name] in a temp dir and
