@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -181,6 +182,9 @@ func landedEvents(muts []backend.Mutation, outs []backend.Outcome, present map[r
 		present[m.ID] = m.Endpoint != nil
 		evs = append(evs, backend.Event{ID: m.ID, Endpoint: m.Endpoint, Revision: o.Revision})
 	}
+	// A store that lands a batch's mutations each at its own revision
+	// may land them in any order; the feed is in revision order.
+	sort.SliceStable(evs, func(i, j int) bool { return evs[i].Revision < evs[j].Revision })
 	return evs
 }
 

@@ -128,8 +128,12 @@ func (s *Store) applyOne(ctx context.Context, m backend.Mutation, key string, o 
 				o.KeyRev, o.TombRev = 0, rev
 			}
 			return nil
-		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || apierrors.IsNotFound(err):
+		case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
 			// The object is not what we thought: read what it is.
+			s.conflicts.Add(1)
+		case apierrors.IsNotFound(err):
+			// Updated a version that is gone (collected, or deleted by
+			// hand): read, to create it or meet what replaced it.
 		case permanent(err):
 			o.Err = fmt.Errorf("the API server refused the write of %s: %w", key, err)
 			return nil
@@ -396,6 +400,9 @@ func (s *Store) pages(ctx context.Context, r dynamic.ResourceInterface, opts met
 		}
 		for i := range l.Items {
 			fn(&l.Items[i])
+		}
+		if s.afterPage != nil {
+			s.afterPage(ctx, page)
 		}
 		if l.GetContinue() == "" {
 			return rev, nil

@@ -28,15 +28,16 @@ import (
 //   - bounds its requests in flight (MaxInFlight): each occupies a seat of
 //     its priority level until its response body is read, and a flush's
 //     burst of parallel writes should not take every seat the level has;
-//     watches are long-running requests that APF does not seat, and are
-//     not counted;
-//   - honours Retry-After for the whole client, not only the request that
-//     got it: after a 429, no request of this client starts before the
-//     Retry-After has passed. client-go itself (rest.Request, with_retry.go)
+//     watches are long-running (APF seats one only while it starts) and
+//     are not counted;
+//   - answers a 429 by lowering its bound on requests in flight (pacer,
+//     below), and by holding back the whole client for the Retry-After
+//     when one request at a time was already too many. client-go itself
+//     (rest.Request, with_retry.go)
 //     retries a request that got 429 or a 5xx with a Retry-After header,
 //     up to 10 times (Request.maxRetries), sleeping the Retry-After before
-//     each retry and passing its rate limiter again; it does not retry a
-//     429 without Retry-After, nor share the wait with other requests.
+//     each retry and passing its rate limiter again (and then the pacer);
+//     it does not retry a 429 without Retry-After, nor tell other requests.
 //     What still fails after client-go's retries reaches the backend as a
 //     429 StatusError, which the backend reports as backend.ErrUnavailable
 //     (a failure of the moment the caller retries later).
@@ -60,22 +61,52 @@ const (
 // pacer is the client-wide pacing of the backend's API calls (above) and
 // its estimate of the API server's clock (serverClock), both fed by the
 // one transport every client of the Store shares.
+//
+// Its bound on requests in flight adapts, as TCP's window does: a 429
+// says one request more was in flight than the priority level would take,
+// so the first 429 of a second halves the bound and each further one
+// takes one off; answers raise it again by about one per round of answers
+// in flight, but only once a second has passed without a 429, so that it
+// settles just under what the level takes instead of overshooting every
+// few milliseconds. The request refused waits its Retry-After (client-go
+// sleeps it before its retry); the whole client waits it only when even
+// one request at a time was refused (the bound at 1: the level is full of
+// others' requests), and then no request starts before it. Holding every
+// request on any 429 was measured here and rejected: with the bound
+// above the level's seats, one request in the next few milliseconds is
+// refused again, and the client spends every second but a few
+// milliseconds waiting (TestPriorityAndFairness429: a priority level of
+// two or three seats served about 3 calls a second that way).
 type pacer struct {
-	slots chan struct{}
+	max   int
 	clock *serverClock
 
 	mu        sync.Mutex
-	notBefore time.Time // no request starts before it (a 429's Retry-After)
+	limit     float64   // requests allowed in flight now, 1..max
+	inflight  int       // requests in flight
+	lastCut   time.Time // when a 429 last cut the limit by half
+	notBefore time.Time // no request starts before it (a Retry-After at limit 1)
+	wake      chan struct{}
 
 	throttled atomic.Int64 // 429 responses seen
-	waited    atomic.Int64 // nanoseconds requests spent held back by a Retry-After
+	waited    atomic.Int64 // nanoseconds the whole client held back on Retry-After
+}
+
+// cutCooldown is how long after a 429 the limit stays where the 429 put it.
+const cutCooldown = time.Second
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func newPacer(maxInFlight int) *pacer {
 	if maxInFlight <= 0 {
 		maxInFlight = DefaultMaxInFlight
 	}
-	return &pacer{slots: make(chan struct{}, maxInFlight), clock: newServerClock()}
+	return &pacer{max: maxInFlight, limit: float64(maxInFlight), clock: newServerClock(), wake: make(chan struct{})}
 }
 
 // configure returns a copy of cfg whose clients are paced by p: QPS and
@@ -95,50 +126,90 @@ func (p *pacer) configure(cfg *rest.Config) *rest.Config {
 }
 
 // Throttled is how many 429 responses the API server has sent this
-// client, and how long requests were held back by their Retry-After.
+// client, and for how long in all it held back on their Retry-After.
 func (p *pacer) Throttled() (n int64, waited time.Duration) {
 	return p.throttled.Load(), time.Duration(p.waited.Load())
 }
 
-// hold waits until a slot is free and any Retry-After has passed.
+// hold waits until a request may start: any Retry-After has passed and
+// fewer than the limit are in flight.
 func (p *pacer) hold(ctx context.Context) error {
-	select {
-	case p.slots <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 	for {
 		p.mu.Lock()
 		wait := time.Until(p.notBefore)
-		p.mu.Unlock()
-		if wait <= 0 {
+		if wait <= 0 && float64(p.inflight) < p.limit {
+			p.inflight++
+			p.mu.Unlock()
 			return nil
 		}
-		p.waited.Add(int64(wait))
+		wake := p.wake
+		p.mu.Unlock()
+		if wait <= 0 {
+			select {
+			case <-wake:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-t.C:
+		case <-wake:
 		case <-ctx.Done():
 			t.Stop()
-			<-p.slots
 			return ctx.Err()
 		}
-		// Another 429 may have moved notBefore meanwhile: look again.
+		t.Stop()
 	}
 }
 
-// backOff records a 429: no request starts before retry-after from now.
+// done ends a request that hold let start, with its status (0: no
+// response).
+func (p *pacer) done(resp *http.Response, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inflight--
+	if resp != nil && resp.StatusCode == http.StatusTooManyRequests {
+		p.backOffLocked(resp, now)
+	} else if resp != nil && now.Sub(p.lastCut) >= cutCooldown {
+		p.limit = min(float64(p.max), p.limit+1/p.limit)
+	}
+	close(p.wake)
+	p.wake = make(chan struct{})
+}
+
+// backOff records a 429 of a request hold did not count (a watch).
 func (p *pacer) backOff(resp *http.Response, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.backOffLocked(resp, now)
+	close(p.wake)
+	p.wake = make(chan struct{})
+}
+
+// backOffLocked lowers the limit for a 429, and holds the whole client
+// for its Retry-After when the limit was 1 already.
+func (p *pacer) backOffLocked(resp *http.Response, now time.Time) {
 	p.throttled.Add(1)
 	wait := noRetryAfterWait
 	if s, err := strconv.Atoi(strings.TrimSpace(resp.Header.Get("Retry-After"))); err == nil && s >= 0 {
 		wait = time.Duration(s) * time.Second
 	}
-	p.mu.Lock()
+	atOne := p.limit <= 1
+	if now.Sub(p.lastCut) >= cutCooldown {
+		p.limit = max(1, p.limit/2)
+		p.lastCut = now
+	} else {
+		p.limit = max(1, p.limit-1)
+	}
+	if !atOne {
+		return
+	}
 	if until := now.Add(wait); until.After(p.notBefore) {
+		p.waited.Add(int64(until.Sub(maxTime(now, p.notBefore))))
 		p.notBefore = until
 	}
-	p.mu.Unlock()
 }
 
 type pacedTransport struct {
@@ -158,19 +229,19 @@ func (t *pacedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	recv := time.Now()
 	if err != nil {
 		if !long {
-			<-t.p.slots
+			t.p.done(nil, recv)
 		}
 		return nil, err
 	}
 	t.p.clock.observe(sent, recv, resp.Header.Get("Date"))
-	if resp.StatusCode == http.StatusTooManyRequests {
+	switch {
+	case long && resp.StatusCode == http.StatusTooManyRequests:
 		t.p.backOff(resp, recv)
-	}
-	if !long {
-		// The seat is the server's until the body has been read: release
-		// the slot when the caller closes it (client-go always does) or
-		// reads it to the end.
-		resp.Body = &releasingBody{ReadCloser: resp.Body, release: func() { <-t.p.slots }}
+	case !long:
+		// The seat is the server's until the body has been read: the
+		// request is done when the caller closes the body (client-go
+		// always does) or reads it to the end.
+		resp.Body = &releasingBody{ReadCloser: resp.Body, release: func() { t.p.done(resp, recv) }}
 	}
 	return resp, nil
 }

@@ -1,9 +1,25 @@
 package kubernetes
 
 import (
+	"encoding/json"
+	"errors"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+
+	"github.com/aethermesh/aether/backend"
+	"github.com/aethermesh/aether/internal/testutil/kubeapi"
+	"github.com/aethermesh/aether/internal/testutil/wait"
 )
 
 // TestServerClock: the estimate of the API server's clock narrows as Date
@@ -92,4 +108,167 @@ func TestLeaseSeconds(t *testing.T) {
 			t.Errorf("leaseIDOf(%q) = %x, want 0", bad, got)
 		}
 	}
+}
+
+// throttlingProxy forwards to the API server (authenticating as the
+// admin, so its clients need no credentials), and answers the next
+// refuse requests of the kind it is told to with 429 Too Many Requests
+// and Retry-After, as API priority and fairness does when a priority
+// level's queues are full.
+type throttlingProxy struct {
+	proxy      *httputil.ReverseProxy
+	match      func(*http.Request) bool
+	refuse     atomic.Int64
+	retryAfter string
+
+	mu       sync.Mutex
+	refused  []time.Time // when each 429 was sent
+	arrivals []arrival
+}
+
+type arrival struct {
+	at   time.Time
+	what string
+}
+
+func (p *throttlingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	what := r.Method + " " + r.URL.Path
+	p.mu.Lock()
+	p.arrivals = append(p.arrivals, arrival{time.Now(), what})
+	p.mu.Unlock()
+	if p.match(r) && p.refuse.Add(-1) >= 0 {
+		w.Header().Set("Retry-After", p.retryAfter)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		_ = json.NewEncoder(w).Encode(metav1.Status{
+			TypeMeta: metav1.TypeMeta{Kind: "Status", APIVersion: "v1"},
+			Status:   metav1.StatusFailure, Code: http.StatusTooManyRequests, Reason: metav1.StatusReasonTooManyRequests,
+			Message: "too many requests, please try again later (the test's proxy)",
+		})
+		p.mu.Lock()
+		p.refused = append(p.refused, time.Now())
+		p.mu.Unlock()
+		return
+	}
+	p.proxy.ServeHTTP(w, r)
+}
+
+func (p *throttlingProxy) arrivalsOf(what string) []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []time.Time
+	for _, a := range p.arrivals {
+		if strings.Contains(a.what, what) {
+			out = append(out, a.at)
+		}
+	}
+	return out
+}
+
+func (p *throttlingProxy) refusals() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]time.Time(nil), p.refused...)
+}
+
+// TestRetryAfter: a 429 with Retry-After from in front of the real API
+// server is retried by client-go after the Retry-After; refused with one
+// request in flight, the client holds back every other request for as
+// long (the pacer), not only the one refused; a client still refused
+// after client-go's 10 retries fails with backend.ErrUnavailable, a
+// failure of the moment.
+func TestRetryAfter(t *testing.T) {
+	api := kubeapi.Start(t)
+	admin := api.Config()
+	rt, err := rest.TransportFor(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target, err := url.Parse(admin.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rp := httputil.NewSingleHostReverseProxy(target)
+	rp.Transport = rt
+	px := &throttlingProxy{
+		proxy:      rp,
+		retryAfter: "1",
+		match: func(r *http.Request) bool {
+			return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/leases")
+		},
+	}
+	front := httptest.NewServer(px)
+	t.Cleanup(front.Close)
+	ns := testNamespace(t, admin)
+	newLiveStore(t, admin, ns) // the CRDs, past the proxy
+	// One request in flight at a time: a 429 then holds the whole client.
+	ctx := ctxT(t)
+	s, err := New(ctx, Config{RESTConfig: &rest.Config{Host: front.URL}, Namespace: ns, Region: "r1", Cluster: "c1", MaxInFlight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	other, err := s.GrantLease(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Two refusals of the grant, 1 s each; a read of another lease sent
+	// while the grant waits is held back with it.
+	px.refuse.Store(2)
+	start := time.Now()
+	var (
+		id       int64
+		grantErr error
+		done     = make(chan struct{})
+	)
+	go func() { defer close(done); id, grantErr = s.GrantLease(ctx, time.Minute) }()
+	wait.For(t, "the first 429", 10*time.Second, func() bool { return len(px.refusals()) >= 1 })
+	readSent := time.Now()
+	if _, _, err := s.LeaseTTL(ctx, other); err != nil {
+		t.Fatalf("LeaseTTL while throttled: %v", err)
+	}
+	<-done
+	took := time.Since(start)
+	if grantErr != nil || id == 0 {
+		t.Fatalf("GrantLease through two 429s: %x, %v", id, grantErr)
+	}
+	refused := px.refusals()
+	if len(refused) != 2 || took < 2*time.Second {
+		t.Fatalf("GrantLease took %v with %d refusals; want two, honoured for 1 s each", took, len(refused))
+	}
+	// The read reached the API server only once the Retry-After of the
+	// refusal before it had passed (a little less: the client dates the
+	// Retry-After from the response's arrival, after the proxy sent it).
+	var readAt time.Time
+	for _, at := range px.arrivalsOf("GET /apis/coordination.k8s.io/v1/namespaces/" + ns + "/leases/" + leaseName(other)) {
+		if at.After(readSent) {
+			readAt = at
+			break
+		}
+	}
+	if readAt.IsZero() || readAt.Sub(refused[0]) < 950*time.Millisecond {
+		t.Fatalf("the read sent %v after the first 429 reached the server %v after it; want it held for the 1 s Retry-After",
+			readSent.Sub(refused[0]), readAt.Sub(refused[0]))
+	}
+	if n, waited := s.pacer.Throttled(); n != 2 || waited < time.Second {
+		t.Fatalf("pacer counted %d 429s and %v held back; want 2 and at least 1 s", n, waited)
+	}
+	t.Logf("grant through two 429s (Retry-After: 1) took %v; a read sent %v after the first 429 reached the server %v after it",
+		took.Round(time.Millisecond), readSent.Sub(refused[0]).Round(time.Millisecond), readAt.Sub(refused[0]).Round(time.Millisecond))
+
+	// Refused for good: client-go gives up after its 10 retries (11
+	// attempts), and the error is a failure of the moment.
+	px.retryAfter = "0"
+	px.refuse.Store(1000)
+	before := len(px.arrivalsOf("POST"))
+	_, err = s.GrantLease(ctx, time.Minute)
+	attempts := len(px.arrivalsOf("POST")) - before
+	if !errors.Is(err, backend.ErrUnavailable) || !apierrors.IsTooManyRequests(err) {
+		t.Fatalf("GrantLease refused for good: %v, want a 429 marked ErrUnavailable", err)
+	}
+	if attempts != 11 {
+		t.Fatalf("client-go made %d attempts, want 11 (1 + its 10 retries)", attempts)
+	}
+	px.refuse.Store(0)
 }

@@ -98,8 +98,25 @@ type Store struct {
 	// API call of the store's own loops.
 	inflight chan struct{}
 
+	// conflicts counts writes that met a 409 (Conflict or
+	// AlreadyExists) and were decided again from a fresh read.
+	conflicts atomic.Int64
+
 	// fenceSeq numbers fence writes, so each one changes the object.
 	fenceSeq atomic.Int64
+
+	// base ends when the store closes; so do watches (watch.go), which
+	// watches joins.
+	base    context.Context
+	watchMu sync.Mutex
+	closed  bool
+	watches sync.WaitGroup
+	// fenced records which fence objects this store has written.
+	fenced [nStreams]atomic.Bool
+
+	// afterPage, if set, runs after each page of a listing is read (tests
+	// compact between pages with it).
+	afterPage func(ctx context.Context, page int)
 
 	// now is the clock tombstones are dated and collected by.
 	now func() time.Time
@@ -180,7 +197,17 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.startReaper()
 	gcCtx, stop := context.WithCancel(context.Background())
-	s.stop = stop
+	s.base = gcCtx
+	s.stop = func() {
+		// Watches end with the store too, and only then are its fences
+		// removed (a watch still running could write one again).
+		s.watchMu.Lock()
+		s.closed = true
+		s.watchMu.Unlock()
+		stop()
+		s.watches.Wait()
+		s.dropFences()
+	}
 	if every := cfg.GCInterval; every >= 0 {
 		if every == 0 {
 			every = DefaultGCInterval

@@ -52,6 +52,10 @@ const (
 	maxWatchRetry = 5 * time.Second
 )
 
+// maxHeld bounds the events a watch holds for a consumer that has not
+// read them yet.
+const maxHeld = 10000
+
 // annotationFencedAt dates a fence's last write, so that collection can
 // tell the fences of replicas that are gone.
 const annotationFencedAt = "aether.dev/fenced-at"
@@ -74,7 +78,21 @@ type item struct {
 // Watch streams the changes after afterRev (backend.Watcher).
 func (s *Store) Watch(ctx context.Context, afterRev int64) <-chan backend.WatchBatch {
 	out := make(chan backend.WatchBatch)
-	go s.watch(ctx, afterRev, out)
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.closed {
+		close(out)
+		return out
+	}
+	s.watches.Add(1)
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.base, cancel)
+	go func() {
+		defer s.watches.Done()
+		defer cancel()
+		defer stop()
+		s.watch(ctx, afterRev, out)
+	}()
 	return out
 }
 
@@ -89,6 +107,12 @@ func (s *Store) watch(ctx context.Context, after int64, out chan<- backend.Watch
 		case <-ctx.Done():
 			return false
 		}
+	}
+	if after <= 0 {
+		// No revision of the API server is 0: there is no history to
+		// replay from it, as after a compaction; list first.
+		send(backend.WatchBatch{Revision: after, Compacted: true})
+		return
 	}
 	compacted, err := s.compactedAt(ctx, after)
 	for err != nil {
@@ -202,13 +226,20 @@ func (s *Store) watch(ctx context.Context, after int64, out chan<- backend.Watch
 		}
 		var outc chan<- backend.WatchBatch
 		var next backend.WatchBatch
+		itemsC := items
 		if ready != nil {
 			outc, next = out, *ready
+			if len(ready.Events)+len(ready.Nodes)+len(pendEv)+len(pendNode) >= maxHeld {
+				// The consumer is behind: stop reading the streams, so
+				// the API server's watch backs up rather than this
+				// process's memory.
+				itemsC = nil
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case it := <-items:
+		case it := <-itemsC:
 			if it.compacted {
 				send(backend.WatchBatch{Revision: delivered, Compacted: true})
 				return
@@ -264,7 +295,29 @@ func (s *Store) stream(ctx context.Context, st int, r dynamic.ResourceInterface,
 		}
 	}
 	retry := watchRetry
-	for ctx.Err() == nil {
+	for first := true; ctx.Err() == nil; first = false {
+		if !first {
+			// Resuming after a break: the watch cache may still hold
+			// history that etcd has compacted, and would serve it; the
+			// feed reports the compaction instead, as it does when asked
+			// to start there, so that a consumer behaves the same however
+			// long its watch was down. (watch checked the start.)
+			compacted, err := s.compactedAt(ctx, rev)
+			if compacted {
+				report(item{compacted: true})
+				return
+			}
+			if err != nil {
+				s.log.Warn("watch: checking the resume revision", "resource", streamName(st), "from", rev, "err", err)
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(retry):
+				}
+				retry = min(2*retry, maxWatchRetry)
+				continue
+			}
+		}
 		w, err := r.Watch(ctx, metav1.ListOptions{ResourceVersion: formatRV(rev), AllowWatchBookmarks: true})
 		if err != nil {
 			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
@@ -288,7 +341,16 @@ func (s *Store) stream(ctx context.Context, st int, r dynamic.ResourceInterface,
 		}
 		if progressed {
 			retry = watchRetry
+			continue
 		}
+		// Ended without bringing anything: do not spin on a server
+		// that keeps refusing.
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+		retry = min(2*retry, maxWatchRetry)
 	}
 }
 
@@ -421,9 +483,25 @@ func (s *Store) fence(ctx context.Context, st int) (int64, error) {
 		return 0, err
 	}
 	defer s.release()
+	s.fenced[st].Store(true)
 	got, err := r.Apply(ctx, s.fenceName(), obj, metav1.ApplyOptions{FieldManager: fieldManager, Force: true})
 	if err != nil {
 		return 0, fmt.Errorf("fence %s/%s: %w", s.ns, s.fenceName(), classify(err))
 	}
 	return parseRV(got.GetResourceVersion())
+}
+
+// dropFences deletes the fence objects this store wrote (best effort: what
+// is left is collected once it is TombstoneTTL old).
+func (s *Store) dropFences() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for st, r := range [nStreams]dynamic.ResourceInterface{s.eps, s.nodes} {
+		if !s.fenced[st].Load() {
+			continue
+		}
+		if err := r.Delete(ctx, s.fenceName(), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			s.log.Debug("removing a watch fence", "name", s.fenceName(), "err", err)
+		}
+	}
 }
