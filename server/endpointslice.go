@@ -1,7 +1,11 @@
 package server
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -29,17 +33,78 @@ type EndpointSlicesConfig struct {
 	// Region and Cluster are the origin published; empty takes the
 	// registrar's own.
 	Region, Cluster string
+	// ServiceNames publishes Aether services under other Kubernetes
+	// Service names (aether name → Kubernetes name).
+	ServiceNames map[string]string
 	// MaxEndpointsPerSlice: 0 takes the EndpointSlice controller's 100.
 	MaxEndpointsPerSlice int
 	// DisableZoneHints leaves out the hints (forZones) every ready
 	// endpoint with a zone otherwise carries.
 	DisableZoneHints bool
+	// NoLeaderElection lets every replica write the slices instead of
+	// the one holding the origin's Lease (endpointslice.Election).
+	NoLeaderElection bool
 	// WriteQPS and WriteBurst bound the writes to the API server; Resync
 	// is how often every managed slice is relisted and replanned. Zero
 	// takes endpointslice's defaults.
 	WriteQPS   float64
 	WriteBurst int
 	Resync     time.Duration
+}
+
+// podNamespaceFile holds a pod's namespace.
+const podNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// endpointSlicesREST finds the API server and namespace by the rules the
+// kubernetes backend uses (--kubeconfig there): the kubeconfig file, else
+// KUBECONFIG, else in a pod its service account; ~/.kube/config is not
+// read unless named, so a registrar never writes into whichever cluster a
+// developer's kubectl points at. The namespace is the flag's, else the
+// kubeconfig context's, else the pod's (POD_NAMESPACE, then its service
+// account's), else default.
+func endpointSlicesREST(kubeconfig, namespace string) (*rest.Config, string, error) {
+	var (
+		cfg *rest.Config
+		ns  string
+		err error
+	)
+	paths := filepath.SplitList(os.Getenv(clientcmd.RecommendedConfigPathEnvVar))
+	switch {
+	case kubeconfig != "" || len(paths) > 0:
+		source := "--endpointslices-kubeconfig " + kubeconfig
+		if kubeconfig == "" {
+			source = "--endpointslices: KUBECONFIG=" + os.Getenv(clientcmd.RecommendedConfigPathEnvVar)
+		}
+		rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig, Precedence: paths}
+		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
+		if cfg, err = cc.ClientConfig(); err != nil {
+			return nil, "", fmt.Errorf("%s: %w (give a readable kubeconfig with a current context)", source, err)
+		}
+		if ns, _, err = cc.Namespace(); err != nil {
+			return nil, "", fmt.Errorf("%s: namespace: %w", source, err)
+		}
+	default:
+		cfg, err = rest.InClusterConfig()
+		if errors.Is(err, rest.ErrNotInCluster) {
+			return nil, "", errors.New("--endpointslices: no --endpointslices-kubeconfig, no KUBECONFIG, and not running in a pod (KUBERNETES_SERVICE_HOST is unset): give --endpointslices-kubeconfig PATH, or run the registrar in the cluster with a service account")
+		}
+		if err != nil {
+			return nil, "", fmt.Errorf("--endpointslices: the pod's service account: %w (is automountServiceAccountToken off?)", err)
+		}
+		ns = os.Getenv("POD_NAMESPACE")
+		if ns == "" {
+			if b, rerr := os.ReadFile(podNamespaceFile); rerr == nil {
+				ns = strings.TrimSpace(string(b))
+			}
+		}
+	}
+	if namespace != "" {
+		ns = namespace
+	}
+	if ns == "" {
+		ns = "default"
+	}
+	return cfg, ns, nil
 }
 
 // endpointSlices is the reconciler a Server runs, and what it was built
@@ -52,8 +117,8 @@ type endpointSlices struct {
 func (c Config) validateEndpointSlices() error {
 	e := c.EndpointSlices
 	if !e.Enabled {
-		if e.Namespace != "" || e.Kubeconfig != "" || e.Region != "" || e.Cluster != "" || e.MaxEndpointsPerSlice != 0 ||
-			e.DisableZoneHints || e.WriteQPS != 0 || e.WriteBurst != 0 || e.Resync != 0 {
+		if e.Namespace != "" || e.Kubeconfig != "" || e.Region != "" || e.Cluster != "" || len(e.ServiceNames) > 0 || e.MaxEndpointsPerSlice != 0 ||
+			e.DisableZoneHints || e.NoLeaderElection || e.WriteQPS != 0 || e.WriteBurst != 0 || e.Resync != 0 {
 			return fmt.Errorf("the --endpointslices-* flags configure EndpointSlices, which are off: add --endpointslices or drop them")
 		}
 		return nil
@@ -75,6 +140,19 @@ func (c Config) validateEndpointSlices() error {
 			return fmt.Errorf("--endpointslices-namespace %q is not a Kubernetes namespace name: %s", e.Namespace, errs[0])
 		}
 	}
+	targets := map[string]string{}
+	for from, to := range e.ServiceNames {
+		if err := registry.ValidateName("service", from); err != nil {
+			return fmt.Errorf("--endpointslices-service-name %s=%s: %v", from, to, err)
+		}
+		if err := endpointslice.ServiceName(to); err != nil {
+			return fmt.Errorf("--endpointslices-service-name %s=%s: %v", from, to, err)
+		}
+		if other, dup := targets[to]; dup {
+			return fmt.Errorf("--endpointslices-service-name: %s and %s are both published as %s; give each its own Kubernetes name", other, from, to)
+		}
+		targets[to] = from
+	}
 	for flag, v := range map[string]string{"--endpointslices-region": e.Region, "--endpointslices-cluster": e.Cluster} {
 		if v != "" {
 			if err := registry.ValidateName(flag, v); err != nil {
@@ -93,21 +171,9 @@ func (s *Server) setupEndpointSlices() error {
 	if !e.Enabled {
 		return nil
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = e.Kubeconfig
-	kc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
-	restCfg, err := kc.ClientConfig()
-	switch {
-	case err != nil && e.Kubeconfig != "":
-		return fmt.Errorf("--endpointslices-kubeconfig %s: %w", e.Kubeconfig, err)
-	case err != nil:
-		return fmt.Errorf("--endpointslices: no Kubernetes API server to write to (give --endpointslices-kubeconfig, or run in a pod with a service account): %w", err)
-	}
-	ns := e.Namespace
-	if ns == "" {
-		if ns, _, err = kc.Namespace(); err != nil || ns == "" {
-			return fmt.Errorf("--endpointslices: which namespace? give --endpointslices-namespace (the kubeconfig's context names none): %v", err)
-		}
+	restCfg, ns, err := endpointSlicesREST(e.Kubeconfig, e.Namespace)
+	if err != nil {
+		return err
 	}
 	restCfg = rest.CopyConfig(restCfg)
 	restCfg.UserAgent = "aether-registrar/endpointslices"
@@ -133,6 +199,10 @@ func (s *Server) setupEndpointSlices() error {
 	if cluster == "" {
 		cluster = s.opts.ClusterName
 	}
+	var election *endpointslice.Election
+	if !e.NoLeaderElection {
+		election = &endpointslice.Election{}
+	}
 	rec, err := endpointslice.NewReconciler(endpointslice.ReconcilerConfig{
 		Config: endpointslice.Config{
 			Namespace:            ns,
@@ -141,13 +211,15 @@ func (s *Server) setupEndpointSlices() error {
 			MaxEndpointsPerSlice: e.MaxEndpointsPerSlice,
 			ZoneHints:            !e.DisableZoneHints,
 		},
-		Source:     s.reg,
-		Client:     cs,
-		WriteQPS:   qps,
-		WriteBurst: burst,
-		Resync:     e.Resync,
-		Logger:     s.opts.Logger.With("component", "endpointslices"),
-		Registerer: s.reg.MetricsRegistry(),
+		ServiceNames: e.ServiceNames,
+		Source:       s.reg,
+		Client:       cs,
+		WriteQPS:     qps,
+		WriteBurst:   burst,
+		Resync:       e.Resync,
+		Election:     election,
+		Logger:       s.opts.Logger.With("component", "endpointslices"),
+		Registerer:   s.reg.MetricsRegistry(),
 	})
 	if err != nil {
 		return fmt.Errorf("--endpointslices: %w", err)

@@ -19,13 +19,14 @@ func TestEndpointSliceFlags(t *testing.T) {
 
 	res = runCLI(t, nil, nil, append(base, "--endpointslices", "--endpointslices-namespace", "mesh",
 		"--endpointslices-kubeconfig", "/k/config", "--endpointslices-max-endpoints", "50",
-		"--endpointslices-no-zone-hints", "--endpointslices-cluster", "c2")...)
+		"--endpointslices-no-zone-hints", "--endpointslices-cluster", "c2",
+		"--endpointslices-service-name", "pay.v2=pay-v2", "--endpointslices-service-name", "Web=web")...)
 	if res.err != nil || res.served == nil {
 		t.Fatalf("--endpointslices: %v", res.err)
 	}
 	e := res.served.EndpointSlices
 	if !e.Enabled || e.Namespace != "mesh" || e.Kubeconfig != "/k/config" || e.MaxEndpointsPerSlice != 50 ||
-		!e.DisableZoneHints || e.Cluster != "c2" || e.Region != "" || e.WriteQPS != 20 || e.Resync != 5*time.Minute {
+		!e.DisableZoneHints || e.Cluster != "c2" || len(e.ServiceNames) != 2 || e.ServiceNames["pay.v2"] != "pay-v2" || e.Region != "" || e.WriteQPS != 20 || e.Resync != 5*time.Minute {
 		t.Fatalf("served %+v", e)
 	}
 
@@ -39,6 +40,9 @@ func TestEndpointSliceFlags(t *testing.T) {
 		{[]string{"--endpointslices", "--endpointslices-namespace", "Mesh_1"}, "--endpointslices-namespace"},
 		{[]string{"--endpointslices", "--endpointslices-resync", "10ms"}, "--endpointslices-resync"},
 		{[]string{"--endpointslices", "--endpointslices-cluster", "a/b"}, "--endpointslices-cluster"},
+		{[]string{"--endpointslices", "--endpointslices-service-name", "a=B_1"}, "--endpointslices-service-name a=B_1"},
+		{[]string{"--endpointslices", "--endpointslices-service-name", "a=x,b=x"}, "both published as x"},
+		{[]string{"--endpointslices", "--endpointslices-service-name", "a"}, "--endpointslices-service-name"},
 	} {
 		res := runCLI(t, nil, nil, append(base, tc.args...)...)
 		if res.err == nil || !strings.Contains(res.err.Error(), tc.want) || res.served != nil {

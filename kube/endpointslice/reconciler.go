@@ -51,6 +51,11 @@ type ReconcilerConfig struct {
 	Config
 	Source Source
 	Client kubernetes.Interface
+	// ServiceNames publishes an Aether service under another Kubernetes
+	// Service name (one that is not a DNS-1035 label, say); any other is
+	// published under its own. An Aether service whose own name is one of
+	// the targets is skipped, not merged.
+	ServiceNames map[string]string
 	// WriteQPS and WriteBurst bound the rate of writes (creates, updates,
 	// deletes) to the API server: a token bucket shared by every service.
 	WriteQPS   float64
@@ -61,6 +66,9 @@ type ReconcilerConfig struct {
 	Resync     time.Duration
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Election, when set, makes one replica of the origin the writer
+	// (see Election); nil lets every replica write.
+	Election *Election
 	// Backoff spaces resubscriptions, relists after a failed list, and
 	// the retries of a service whose write failed. Zero takes 100ms to 30s.
 	Backoff retry.Backoff
@@ -97,6 +105,9 @@ type Reconciler struct {
 	skipped map[string]map[Reason]int                        // by service
 	skipSig map[string]string                                // what was last logged of a service's skips
 
+	el      *elector        // nil without an Election
+	targets map[string]bool // the values of ServiceNames
+
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 }
@@ -115,6 +126,16 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		return nil, errors.New("endpointslice: no origin (region and cluster)")
 	case cfg.MaxEndpointsPerSlice < 0 || cfg.MaxEndpointsPerSlice > MaxMaxEndpointsPerSlice:
 		return nil, fmt.Errorf("endpointslice: %d endpoints per slice: want 1 to %d", cfg.MaxEndpointsPerSlice, MaxMaxEndpointsPerSlice)
+	}
+	targets := map[string]bool{}
+	for from, to := range cfg.ServiceNames {
+		if err := ServiceName(to); err != nil {
+			return nil, fmt.Errorf("endpointslice: %s published as %s: %w", from, to, err)
+		}
+		if targets[to] {
+			return nil, fmt.Errorf("endpointslice: two services published as %s", to)
+		}
+		targets[to] = true
 	}
 	if cfg.WriteQPS <= 0 {
 		cfg.WriteQPS = DefaultWriteQPS
@@ -135,7 +156,7 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Reconciler{
+	r := &Reconciler{
 		cfg:     cfg,
 		log:     cfg.Logger,
 		m:       m,
@@ -146,7 +167,14 @@ func NewReconciler(cfg ReconcilerConfig) (*Reconciler, error) {
 		slices:  map[string]map[string]*discoveryv1.EndpointSlice{},
 		skipped: map[string]map[Reason]int{},
 		skipSig: map[string]string{},
-	}, nil
+		targets: targets,
+	}
+	if cfg.Election != nil {
+		if r.el, err = newElector(r, *cfg.Election); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
 }
 
 // Start runs the feed and the worker until Close.
@@ -156,6 +184,10 @@ func (r *Reconciler) Start() {
 	r.wg.Add(2)
 	go func() { defer r.wg.Done(); r.feed(ctx) }()
 	go func() { defer r.wg.Done(); r.work(ctx) }()
+	if r.el != nil {
+		r.wg.Add(1)
+		go func() { defer r.wg.Done(); r.el.run(ctx) }()
+	}
 }
 
 // Close stops both goroutines and waits for them. The slices stay as
@@ -167,6 +199,9 @@ func (r *Reconciler) Close() {
 	}
 	r.stop()
 	r.wg.Wait()
+	if r.el != nil {
+		r.el.close()
+	}
 }
 
 // feed follows the registrar, as the xDS feed does: subscribe to all
@@ -243,8 +278,26 @@ func (r *Reconciler) replaceLocked(snap []*registryv1.ServiceEndpoint) {
 	r.loaded = true
 }
 
+// takenPrefix marks, in the reconciler's keys, an Aether service whose
+// name is the Kubernetes name another service is renamed to: it is not a
+// Kubernetes name (ServiceName refuses it), so the service is skipped
+// rather than merged into the other's slices.
+const takenPrefix = "\x00taken:"
+
+// kname is the Kubernetes Service name svc is published as: its
+// ServiceNames entry, else its own name.
+func (r *Reconciler) kname(svc string) string {
+	if k, ok := r.cfg.ServiceNames[svc]; ok {
+		return k
+	}
+	if r.targets[svc] {
+		return takenPrefix + svc
+	}
+	return svc
+}
+
 func (r *Reconciler) putLocked(ep *registryv1.ServiceEndpoint) {
-	svc := ep.GetService()
+	svc := r.kname(ep.GetService())
 	id := registry.IDOf(ep)
 	if !r.own(ep) {
 		// An endpoint that moved origin is gone from this one.
@@ -278,7 +331,7 @@ func (r *Reconciler) applyLocked(batch []*registrarv1.EndpointEvent) {
 		case registrarv1.EndpointEvent_ENDPOINT_ADDED, registrarv1.EndpointEvent_ENDPOINT_UPDATED:
 			r.putLocked(ev.GetEndpoint())
 		case registrarv1.EndpointEvent_ENDPOINT_REMOVED:
-			r.removeLocked(ev.GetEndpoint().GetService(), registry.IDOf(ev.GetEndpoint()))
+			r.removeLocked(r.kname(ev.GetEndpoint().GetService()), registry.IDOf(ev.GetEndpoint()))
 		case registrarv1.EndpointEvent_FULL_SNAPSHOT:
 			// A snapshot may come in chunks; the first replaces all.
 			if !r.inFull {
@@ -294,8 +347,8 @@ func (r *Reconciler) applyLocked(batch []*registrarv1.EndpointEvent) {
 		case registrarv1.EndpointEvent_SERVICES_SNAPSHOT:
 			if !r.inSvcSnp {
 				for _, svc := range ev.GetServices() {
-					delete(r.eps, svc)
-					r.dirty[svc] = true
+					delete(r.eps, r.kname(svc))
+					r.dirty[r.kname(svc)] = true
 				}
 			}
 			for _, ep := range ev.GetEndpoints() {
@@ -354,14 +407,29 @@ func (r *Reconciler) work(ctx context.Context) {
 	resync := time.NewTicker(r.cfg.Resync)
 	defer resync.Stop()
 	for ctx.Err() == nil {
+		// wctx is what writes run under: the leadership's context with an
+		// election (writes stop when it is lost), else ctx.
+		wctx := ctx
+		if r.el != nil {
+			if wctx = r.el.leading(); wctx == nil {
+				// Not leading: the dirty services wait, and a leadership
+				// won later starts with a fresh listing.
+				listed = false
+				select {
+				case <-ctx.Done():
+				case <-r.wake:
+				}
+				continue
+			}
+		}
 		svcs, loaded := r.take()
 		if loaded && !listed {
-			if err := r.listAll(ctx); err != nil {
+			if err := r.listAll(wctx); err != nil {
 				r.m.errors.WithLabelValues("list").Inc()
 				r.log.Warn("endpointslices: listing the managed slices failed, retrying", "namespace", r.cfg.Namespace, "err", err, "attempt", listAttempt)
+				r.markDirty(svcs)
 				retry.Sleep(ctx, r.cfg.Backoff.Ceiling(listAttempt), nil)
 				listAttempt++
-				r.markAllDirtyFrom(svcs)
 				continue
 			}
 			listed, listAttempt = true, 0
@@ -377,13 +445,15 @@ func (r *Reconciler) work(ctx context.Context) {
 		}
 		slices.Sort(svcs)
 		svcs = slices.Compact(svcs)
-		for _, svc := range svcs {
-			if ctx.Err() != nil {
-				return
+		for i, svc := range svcs {
+			if wctx.Err() != nil {
+				r.markDirty(svcs[i:]) // for this replica's next leadership, or a successor's
+				break
 			}
-			if err := r.sync(ctx, svc); err != nil {
-				if ctx.Err() != nil {
-					return
+			if err := r.sync(wctx, svc); err != nil {
+				if wctx.Err() != nil {
+					r.markDirty(svcs[i:])
+					break
 				}
 				n := failures[svc]
 				failures[svc] = n + 1
@@ -411,6 +481,7 @@ func (r *Reconciler) work(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
+		case <-wctx.Done():
 		case <-r.wake:
 		case <-fire:
 		case <-resync.C:
@@ -422,8 +493,8 @@ func (r *Reconciler) work(ctx context.Context) {
 	}
 }
 
-// markAllDirtyFrom puts back services taken before a failed list.
-func (r *Reconciler) markAllDirtyFrom(svcs []string) {
+// markDirty puts back services taken but not written.
+func (r *Reconciler) markDirty(svcs []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, svc := range svcs {
@@ -506,6 +577,9 @@ func (r *Reconciler) sync(ctx context.Context, svc string) error {
 	eps := r.endpointsOf(svc)
 	if err := ServiceName(svc); err != nil {
 		var skips []Skip
+		if taken, ok := strings.CutPrefix(svc, takenPrefix); ok {
+			err = fmt.Errorf("service %q: another service is published under that Kubernetes name (ServiceNames)", taken)
+		}
 		if len(eps) > 0 {
 			skips = []Skip{{Reason: ReasonServiceName, Detail: err.Error()}}
 		}
@@ -635,7 +709,7 @@ func (r *Reconciler) noteSkips(svc string, skips []Skip) {
 	sig := strings.Join(parts, "; ")
 	if sig != r.skipSig[svc] {
 		if sig != "" {
-			r.log.Warn("endpointslices: not publishing part of a service", "service", svc, "skipped", sig)
+			r.log.Warn("endpointslices: not publishing part of a service", "service", strings.TrimPrefix(svc, takenPrefix), "skipped", sig)
 		}
 		if sig == "" {
 			delete(r.skipSig, svc)
