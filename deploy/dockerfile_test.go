@@ -324,8 +324,21 @@ func readDockerfile(t *testing.T) string {
 }
 
 func TestDockerfileLint(t *testing.T) {
-	if probs := lintDockerfile(readDockerfile(t)); len(probs) > 0 {
+	src := readDockerfile(t)
+	if probs := lintDockerfile(src); len(probs) > 0 {
 		t.Fatalf("Dockerfile breaks %d rule(s):\n  %s", len(probs), strings.Join(probs, "\n  "))
+	}
+	// The builder's Go is the module's: go.mod's go line is the toolchain
+	// CI and developers build with, so the image is built with the same.
+	mod, err := os.ReadFile("../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goLine := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(mod)
+	stages, _ := parseDockerfile(src)
+	builder := regexp.MustCompile(`^golang:([0-9.]+)(-|$)`).FindStringSubmatch(stages[0].from)
+	if goLine == nil || builder == nil || builder[1] != string(goLine[1]) {
+		t.Errorf("the build stage is FROM %s, go.mod says go %s: build with the module's Go", stages[0].from, goLine[1])
 	}
 }
 
