@@ -28,8 +28,9 @@ type Config struct {
 	DataDir              string
 	EmbeddedEtcdAddr     string
 	EmbeddedEtcdPeerAddr string
-	// Backend is the store: BackendEtcd (the default: the options above)
-	// or BackendDynamoDB (DynamoDB, below; no embedded etcd runs).
+	// Backend is the store: BackendEtcd (the default: the options above),
+	// BackendDynamoDB (DynamoDB, below) or BackendKubernetes (the API
+	// server's objects, below); with the last two no embedded etcd runs.
 	Backend string
 	// DynamoDB: the table (made by `aether dynamodb create-table`), and
 	// the region and endpoint where the SDK's standard chain (environment,

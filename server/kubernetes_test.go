@@ -231,3 +231,42 @@ func TestKubernetesBackendFailsWithoutCRDs(t *testing.T) {
 	}
 	t.Logf("start without CRDs: %v", err)
 }
+
+// TestKubernetesPeerWatch: with --peer-watch, the replicas find each other
+// through member records on their Leases, connect their streams, and a
+// write on one reaches the other over the stream; a replica that stops
+// drops out of the other's members.
+func TestKubernetesPeerWatch(t *testing.T) {
+	api := kubeapi.Start(t)
+	cfg := kubeConfig(api.Kubeconfig, "default")
+	cfg.PeerWatch = true
+	cfg.PeerMemberTTL = 2 * time.Second
+	cfg.PeerDiscoveryInterval = 200 * time.Millisecond
+	a, b := regtest.Start(t, cfg), regtest.Start(t, cfg)
+	connectedTo := func(s *server.Server, n int) func() bool {
+		return func() bool {
+			c := 0
+			for _, p := range s.Registrar().Peers() {
+				if p.Connected {
+					c++
+				}
+			}
+			return c == n
+		}
+	}
+	waitFor(t, "A and B to connect their peer streams", 30*time.Second, func() bool { return connectedTo(a, 1)() && connectedTo(b, 1)() })
+	ca := dial(t, a.GRPCAddr())
+	register(t, ca, ep("web", "10.7.0.1", 80))
+	waitFor(t, "B to receive A's write over the peer stream", 10*time.Second, func() bool {
+		for _, p := range b.Registrar().Peers() {
+			if p.Writes > 0 {
+				return true
+			}
+		}
+		return false
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = a.Close(ctx)
+	waitFor(t, "A to drop out of B's peers", 30*time.Second, func() bool { return len(b.Registrar().Peers()) == 0 })
+}

@@ -33,8 +33,16 @@ import (
 // same conditions order it against puts; tombstones are collected
 // TombstoneTTL after they were written (collect).
 //
+// A key and its tombstone are one object here, so the caller's two
+// guesses name one resourceVersion: KeyRev when it saw the endpoint live,
+// TombRev when it saw the tombstone. As on etcd, a guess that holds swaps
+// without comparing stamps (the precondition proves the object is the
+// version the writer saw, and a writer sends only writes newer than what
+// it saw); a guess that fails costs one re-read.
+//
 // The mutations of one call are independent (the contract), and go out
-// concurrently, MaxInFlight API calls at a time across the store.
+// concurrently, MaxInFlight API calls at a time across the store; each
+// lands at a revision of its own, in no particular order.
 
 // maxOrderedRounds bounds how often one mutation re-reads and swaps again
 // within a call: each round settles it unless another writer rewrote the

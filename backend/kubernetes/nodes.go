@@ -166,7 +166,14 @@ type reaper struct {
 	mu     sync.Mutex
 	ended  int64 // leases ended by this replica's reaper
 	swept  int64 // orphaned records removed
-	lastOK time.Time
+}
+
+// counts is how many leases this reaper ended and orphaned records it
+// removed.
+func (r *reaper) counts() (ended, swept int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended, r.swept
 }
 
 // startReaper starts s's reaper; Close stops it (stopReaper).

@@ -119,7 +119,7 @@ type throttlingProxy struct {
 	proxy      *httputil.ReverseProxy
 	match      func(*http.Request) bool
 	refuse     atomic.Int64
-	retryAfter string
+	retryAfter atomic.Value // string
 
 	mu       sync.Mutex
 	refused  []time.Time // when each 429 was sent
@@ -137,7 +137,7 @@ func (p *throttlingProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.arrivals = append(p.arrivals, arrival{time.Now(), what})
 	p.mu.Unlock()
 	if p.match(r) && p.refuse.Add(-1) >= 0 {
-		w.Header().Set("Retry-After", p.retryAfter)
+		w.Header().Set("Retry-After", p.retryAfter.Load().(string))
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusTooManyRequests)
 		_ = json.NewEncoder(w).Encode(metav1.Status{
@@ -191,12 +191,12 @@ func TestRetryAfter(t *testing.T) {
 	rp := httputil.NewSingleHostReverseProxy(target)
 	rp.Transport = rt
 	px := &throttlingProxy{
-		proxy:      rp,
-		retryAfter: "1",
+		proxy: rp,
 		match: func(r *http.Request) bool {
 			return r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/leases")
 		},
 	}
+	px.retryAfter.Store("1")
 	front := httptest.NewServer(px)
 	t.Cleanup(front.Close)
 	ns := testNamespace(t, admin)
@@ -259,7 +259,7 @@ func TestRetryAfter(t *testing.T) {
 
 	// Refused for good: client-go gives up after its 10 retries (11
 	// attempts), and the error is a failure of the moment.
-	px.retryAfter = "0"
+	px.retryAfter.Store("0")
 	px.refuse.Store(1000)
 	before := len(px.arrivalsOf("POST"))
 	_, err = s.GrantLease(ctx, time.Minute)
