@@ -13,7 +13,12 @@
 // before untouched ones, creates turned into updates of slices about to be
 // deleted. The reconciler (reconciler.go) is the shell around it: it
 // follows the registrar's in-process subscription, lists the slices it
-// manages and writes the plan with resourceVersion preconditions.
+// manages and writes the plan with resourceVersion preconditions; with an
+// Election (election.go) only the replica holding the origin's Lease
+// writes. Each Aether service is published as the Kubernetes Service of
+// the same name, or of its ReconcilerConfig.ServiceNames entry; the
+// Services themselves (selector-less, with matching port names) are the
+// operator's: the registrar reads and writes no Service.
 //
 // Where it departs from the controller, and why:
 //   - Deterministic order. The controller pops endpoints from a map; the
