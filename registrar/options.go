@@ -108,11 +108,11 @@ func DefaultOptions() Options {
 		MaxEndpointsPerNode: 1000,
 		MaxWatchServices:    1000,
 
-		// On: the disruption battery drops nothing with it on either
-		// backend, and cross-replica propagation no longer waits on the
-		// batch interval or DynamoDB's poll (docs/benchmarks.md,
-		// "Peer-watch").
-		PeerWatch:             true,
+		// Off for a replica built as a library: peer-watch needs an
+		// address its peers can dial, which only the process that owns
+		// the listeners knows. The process's defaults (server.DefaultConfig,
+		// the CLI) turn it on.
+		PeerWatch:             false,
 		PeerMemberTTL:         defaultPeerMemberTTL,
 		PeerDiscoveryInterval: defaultPeerDiscovery,
 	}

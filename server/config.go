@@ -196,10 +196,18 @@ func DefaultListenAddrs(tls bool) (grpcAddr, httpAddr string) {
 
 // DefaultConfig returns the defaults the CLI flags show (the plaintext
 // listen addresses, see DefaultListenAddrs; the replica's and the gRPC
-// service's: registrar.DefaultOptions, and at most 64 streams per caller).
+// service's: registrar.DefaultOptions with peer-watch on, and at most 64
+// streams per caller).
 func DefaultConfig() Config {
+	o := registrar.DefaultOptions()
+	// On: the disruption battery drops nothing with it on either backend,
+	// and cross-replica propagation no longer waits on the batch interval
+	// or DynamoDB's poll (docs/benchmarks.md, "Peer-watch"). The replica's
+	// own default is off, since only this process knows the address its
+	// peers dial (its gRPC listener, or --peer-advertise-addr).
+	o.PeerWatch = true
 	return Config{
-		Options:                  registrar.DefaultOptions(),
+		Options:                  o,
 		Backend:                  BackendEtcd,
 		DynamoDBFullScanInterval: dynamoFullScanDefault,
 		DataDir:                  "./aether-data",

@@ -15,8 +15,12 @@ import (
 // lives.
 func TestDefaultConfigCarriesTheReplicaDefaults(t *testing.T) {
 	d := server.DefaultConfig()
-	if !reflect.DeepEqual(d.Options, registrar.DefaultOptions()) {
-		t.Errorf("DefaultConfig().Options = %+v, want registrar.DefaultOptions() %+v", d.Options, registrar.DefaultOptions())
+	want := registrar.DefaultOptions()
+	// The one difference: the process turns peer-watch on, since it
+	// knows the address its peers dial.
+	want.PeerWatch = true
+	if !reflect.DeepEqual(d.Options, want) {
+		t.Errorf("DefaultConfig().Options = %+v, want registrar.DefaultOptions() with peer-watch %+v", d.Options, want)
 	}
 	if d.MaxStreamsPerIdentity != 64 {
 		t.Errorf("DefaultConfig().MaxStreamsPerIdentity = %d, want the flag's default 64", d.MaxStreamsPerIdentity)
