@@ -20,7 +20,7 @@ import (
 )
 
 // cluster is the battery's control plane: one embedded etcd (or a
-// DynamoDB table, dynamodb.go) and two registrar replicas, A and B, each on a fixed loopback address so that a
+// DynamoDB table, dynamodb.go, or a Kubernetes namespace, kubernetes.go) and two registrar replicas, A and B, each on a fixed loopback address so that a
 // restarted replica comes back where its clients look for it.
 type cluster struct {
 	dir   string
@@ -29,6 +29,7 @@ type cluster struct {
 	addrs [2]string     // A, B
 	regs  [2]*server.Server
 	conns []*grpc.ClientConn
+	drop  func() error // deletes the backend's namespace (kubernetes.go), if any
 }
 
 const (
@@ -58,11 +59,16 @@ func startCluster(ctx context.Context, cfg Config) (_ *cluster, err error) {
 			Logger:       cfg.Logger,
 		},
 	}
-	if cfg.Backend == BackendDynamoDB {
+	switch cfg.Backend {
+	case BackendDynamoDB:
 		if err = useDynamoDB(ctx, cfg, &c.opts); err != nil {
 			return nil, err
 		}
-	} else {
+	case BackendKubernetes:
+		if c.drop, err = useKubernetes(ctx, cfg, &c.opts); err != nil {
+			return nil, err
+		}
+	default:
 		c.etcd, err = embedetcd.Start(ctx, embedetcd.Config{
 			Dir: filepath.Join(dir, "etcd"), ClientAddr: "127.0.0.1:0", PeerAddr: "127.0.0.1:0", Logger: cfg.Logger,
 		})
@@ -149,6 +155,9 @@ func (c *cluster) close() error {
 	}
 	if c.etcd != nil {
 		c.etcd.Close()
+	}
+	if c.drop != nil {
+		errs = append(errs, c.drop())
 	}
 	os.RemoveAll(c.dir)
 	return errors.Join(errs...)

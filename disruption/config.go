@@ -23,10 +23,13 @@ type Config struct {
 
 	// Backend is the registrars' store: BackendEtcd (default, an embedded
 	// etcd) or BackendDynamoDB (a fresh table on the DynamoDB-compatible
-	// server at DynamoDBEndpoint, dynalite in CI; dynamodb.go). PeerWatch
-	// turns on peer-watch on both registrars.
+	// server at DynamoDBEndpoint, dynalite in CI; dynamodb.go) or
+	// BackendKubernetes (a fresh namespace on the API server of the
+	// kubeconfig file at Kubeconfig; kubernetes.go). PeerWatch turns on
+	// peer-watch on both registrars.
 	Backend          string `json:"backend,omitempty"`
 	DynamoDBEndpoint string `json:"-"`
+	Kubeconfig       string `json:"-"`
 	PeerWatch        bool   `json:"peer_watch,omitempty"`
 
 	// EndpointsPerService is how many pods each service runs (default 2).
@@ -96,7 +99,7 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
-	if err := c.validateBackend(); err != nil {
+	if err := c.validateKubernetes(); err != nil { // then validateBackend
 		return err
 	}
 	if c.SyncMode != registrar.SyncWatch && c.SyncMode != registrar.SyncPoll {

@@ -24,8 +24,11 @@ const dynamoRegion = "us-east-1"
 // backend, how B learns A's writes, and peer-watch.
 func (c Config) Mode() string {
 	m := "etcd, " + c.SyncMode + " sync"
-	if c.Backend == BackendDynamoDB {
+	switch c.Backend {
+	case BackendDynamoDB:
 		m = "DynamoDB, " + c.SyncMode + " sync"
+	case BackendKubernetes:
+		m = "Kubernetes, " + c.SyncMode + " sync"
 	}
 	if c.PeerWatch {
 		m += " + peer-watch"
