@@ -85,6 +85,165 @@ type PartitionRun struct {
 	Seconds []PartitionSecond `json:"seconds"`
 	Phases  []PartitionPhase  `json:"phases"`
 	Late    int               `json:"completed_after_end"` // requests that returned after the load's end
+	Check   PartitionCheck    `json:"check"`
+}
+
+// PartitionCheck is the harness's own proof that the cut was real in both
+// directions, and how long each side took to see the other's writes once
+// healed.
+type PartitionCheck struct {
+	FarWrites int `json:"far_writes"` // puts at a far member while cut, then a marker
+	// NewLeaderMs is how long after the cut the far member named a leader
+	// other than the local member (etcd); 0 where there is no leader.
+	NewLeaderMs float64 `json:"far_new_leader_ms"`
+	// NearWrite is what the local member answered to one put while cut:
+	// "ok", or the error.
+	NearWrite string `json:"near_write"`
+	// LocalSawFarMs and FarSawNearMs are from the heal until the marker
+	// written on the other side was readable (serializable, from that
+	// member alone); -1: not measured (the write was refused).
+	LocalSawFarMs float64 `json:"local_saw_far_ms"`
+	FarSawNearMs  float64 `json:"far_saw_near_ms"`
+}
+
+// partitionSchedule cuts and heals at the configured offsets, and proves
+// the cut: writes on each side while cut must be invisible on the other
+// until the heal.
+type partitionSchedule struct {
+	cutAt, healAt time.Duration // when the cut and the heal were in place
+	check         PartitionCheck
+}
+
+const (
+	farMarker  = "partition/far"
+	nearMarker = "partition/near"
+)
+
+func (s *partitionSchedule) run(ctx context.Context, cfg EdgePartitionConfig, c *nsCluster, local int, start time.Time, near, far *clientv3.Client) error {
+	oldLeader, err := leaderID(ctx, near)
+	if err != nil {
+		return err
+	}
+	// aether edge calls each replica its own leader: a leader only counts
+	// if the far member follows it.
+	if farLeader, err := leaderOf(ctx, far); err != nil {
+		return err
+	} else if farLeader != oldLeader {
+		oldLeader = 0
+	}
+	if !sleepCtx(ctx, time.Until(start.Add(cfg.CutAt))) {
+		return ctx.Err()
+	}
+	if err := c.cut(ctx, local); err != nil {
+		return err
+	}
+	s.cutAt = time.Since(start)
+	// The far side: etcd's majority, once it has elected a leader of its
+	// own (a proposal forwarded to the old one is lost and waits out its
+	// deadline), or any edge replica at once, takes writes.
+	d, err := untilNewLeader(ctx, far, oldLeader, time.Now())
+	if err != nil {
+		return fmt.Errorf("the far side after the cut: %w", err)
+	}
+	s.check.NewLeaderMs = ms(d)
+	s.check.FarWrites = 100
+	var wg sync.WaitGroup
+	errs := make(chan error, s.check.FarWrites)
+	for i := range s.check.FarWrites {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			wctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+			defer cancel()
+			if _, err := far.Put(wctx, fmt.Sprintf("partition/far/%03d", i), "v"); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		return fmt.Errorf("put at the far member m%d while cut: %w; its log: %s", (local+1)%len(c.procs), err, notStats(c.procs[(local+1)%len(c.procs)].logs.last(64<<10)))
+	}
+	wctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	_, err = far.Put(wctx, farMarker, "v")
+	cancel()
+	if err != nil {
+		return fmt.Errorf("put %s at the far member while cut: %w", farMarker, err)
+	}
+	// The near side: aether edge takes it; etcd's minority cannot, and a
+	// short deadline keeps the check inside the cut.
+	wctx, cancel = context.WithTimeout(ctx, time.Second)
+	_, err = near.Put(wctx, nearMarker, "v")
+	cancel()
+	s.check.NearWrite = "ok"
+	if err != nil {
+		s.check.NearWrite = errKind(err)
+	}
+	if !sleepCtx(ctx, time.Until(start.Add(cfg.HealAt-100*time.Millisecond))) {
+		return ctx.Err()
+	}
+	// Just before the heal: neither side may see the other's write.
+	if has, err := hasKey(ctx, near, farMarker); err != nil || has {
+		return fmt.Errorf("the cut is not real: the local member sees %s written at the far one while cut (%v)", farMarker, err)
+	}
+	if s.check.NearWrite == "ok" {
+		if has, err := hasKey(ctx, far, nearMarker); err != nil || has {
+			return fmt.Errorf("the cut is not real: the far member sees %s written at the local one while cut (%v)", nearMarker, err)
+		}
+	}
+	if !sleepCtx(ctx, time.Until(start.Add(cfg.HealAt))) {
+		return ctx.Err()
+	}
+	if err := c.heal(ctx, local); err != nil {
+		return err
+	}
+	s.healAt = time.Since(start)
+	healed := time.Now()
+	s.check.LocalSawFarMs, s.check.FarSawNearMs = -1, -1
+	d, err = untilKey(ctx, near, farMarker, healed)
+	if err != nil {
+		return fmt.Errorf("after the heal, the local member: %w", err)
+	}
+	s.check.LocalSawFarMs = ms(d)
+	if s.check.NearWrite == "ok" {
+		d, err := untilKey(ctx, far, nearMarker, healed)
+		if err != nil {
+			return fmt.Errorf("after the heal, the far member: %w", err)
+		}
+		s.check.FarSawNearMs = ms(d)
+	}
+	return nil
+}
+
+// hasKey reads key from the client's member alone (serializable: a
+// member cut off from etcd's leader still answers from its own state).
+func hasKey(ctx context.Context, cli *clientv3.Client, key string) (bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	resp, err := cli.Get(rctx, key, clientv3.WithSerializable())
+	if err != nil {
+		return false, err
+	}
+	return len(resp.Kvs) > 0, nil
+}
+
+// untilKey polls the client's member every 10 ms until it holds key, and
+// returns how long after since that was.
+func untilKey(ctx context.Context, cli *clientv3.Client, key string, since time.Time) (time.Duration, error) {
+	deadline := since.Add(30 * time.Second)
+	for {
+		has, err := hasKey(ctx, cli, key)
+		if err == nil && has {
+			return time.Since(since), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("%s not readable 30 s after the heal (last error %v)", key, err)
+		}
+		if !sleepCtx(ctx, 10*time.Millisecond) {
+			return 0, ctx.Err()
+		}
+	}
 }
 
 // EdgePartitionResult is the scenario's figures.
@@ -107,7 +266,7 @@ func runEdgePartition(ctx context.Context, o Options, r *Report, w io.Writer) er
 	cfg := EdgePartitionConfig{Members: 3, Latency: 10 * time.Millisecond, Rate: 500, Records: 1000,
 		Duration: 15 * time.Second, CutAt: 5 * time.Second, HealAt: 10 * time.Second, Timeout: 5 * time.Second, AetherBin: o.AetherBin}
 	if o.Quick {
-		cfg.Rate, cfg.Duration, cfg.CutAt, cfg.HealAt = 200, 6*time.Second, 2*time.Second, 4*time.Second
+		cfg.Rate, cfg.Duration, cfg.CutAt, cfg.HealAt = 200, 7*time.Second, 2*time.Second, 5*time.Second
 	}
 	if err := netnsPreflight(); err != nil {
 		if o.Quick {
@@ -389,27 +548,18 @@ func edgePartitionOne(ctx context.Context, cfg EdgePartitionConfig, name, bin st
 	value := strings.Repeat("v", 32)
 	start := time.Now()
 	cutErr := make(chan error, 1)
-	var cutAt, healAt time.Duration
-	// The schedule runs beside the load, each step at its offset; the
-	// times recorded are when the cut and the heal were in place.
+	far := (local + 1) % len(c.clients)
+	farCli, err := clientv3.New(clientv3.Config{Endpoints: []string{c.clients[far]}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return run, err
+	}
+	defer farCli.Close()
+	var sched partitionSchedule
 	go func() {
 		defer close(cutErr)
-		if !sleepCtx(ctx, time.Until(start.Add(cfg.CutAt))) {
-			return
-		}
-		if err := c.cut(ctx, local); err != nil {
+		if err := sched.run(ctx, cfg, c, local, start, cli, farCli); err != nil {
 			cutErr <- err
-			return
 		}
-		cutAt = time.Since(start)
-		if !sleepCtx(ctx, time.Until(start.Add(cfg.HealAt))) {
-			return
-		}
-		if err := c.heal(ctx, local); err != nil {
-			cutErr <- err
-			return
-		}
-		healAt = time.Since(start)
 	}()
 	// Open loop: one request due every 1/Rate, each in its own goroutine,
 	// so requests a partitioned member holds pile up as they would at a
@@ -454,8 +604,9 @@ func edgePartitionOne(ctx context.Context, cfg EdgePartitionConfig, name, bin st
 	if ctx.Err() != nil {
 		return run, ctx.Err()
 	}
-	run.CutAt, run.HealAt = cutAt.Seconds(), healAt.Seconds()
-	run.Seconds, run.Phases, run.Late = partitionFigures(ops, cfg.Duration, cutAt, healAt)
+	run.CutAt, run.HealAt = sched.cutAt.Seconds(), sched.healAt.Seconds()
+	run.Check = sched.check
+	run.Seconds, run.Phases, run.Late = partitionFigures(ops, cfg.Duration, sched.cutAt, sched.healAt)
 	return run, nil
 }
 
@@ -634,10 +785,24 @@ func (r Report) edgePartitionMarkdown(b *strings.Builder) {
 			fmt.Fprintf(b, "| %s | %s | %s | %d | %d | %d | %.2f ms | %.2f ms | %.2f ms | %s |\n", run.Server, run.Local, p.Name, p.Issued, p.Served, p.ServedWhileCut, p.P50, p.P99, p.Max, errs)
 		}
 	}
-	for _, run := range e.Runs {
-		fmt.Fprintf(b, "\n%s: cut in place at %.2f s, healed at %.2f s; %d requests returned after the load ended.", run.Server, run.CutAt, run.HealAt, run.Late)
+	farWrites := 0
+	if len(e.Runs) > 0 {
+		farWrites = e.Runs[0].Check.FarWrites
 	}
-	b.WriteString("\n")
+	fmt.Fprintf(b, "\n**The cut, checked.** While cut, the harness waits for the far side to have a leader (etcd: a proposal forwarded to the cut-off leader is lost and waits out its deadline), puts %d keys and then a marker at one of the two far members, and one marker at the local member (1 s deadline); 0.1 s before the heal it reads each marker, serializable, from the member on the other side, and stops the run if either is visible (the cut would not be real). After the heal it polls each side every 10 ms until the other side's marker is readable there.\n\n", farWrites)
+	b.WriteString("| server | cut in place | healed | far side's new leader | put at the local member while cut | local member has the far marker | far member has the local marker | requests returned after the load ended |\n|---|---|---|---|---|---|---|---|\n")
+	for _, run := range e.Runs {
+		ch := run.Check
+		leader := "none needed"
+		if ch.NewLeaderMs > 0 {
+			leader = fmt.Sprintf("%.0f ms after the cut", ch.NewLeaderMs)
+		}
+		farSaw := "n/a (refused)"
+		if ch.FarSawNearMs >= 0 {
+			farSaw = fmt.Sprintf("%.0f ms after the heal", ch.FarSawNearMs)
+		}
+		fmt.Fprintf(b, "| %s | %.2f s | %.2f s | %s | %s | %.0f ms after the heal | %s | %d |\n", run.Server, run.CutAt, run.HealAt, leader, ch.NearWrite, ch.LocalSawFarMs, farSaw, run.Late)
+	}
 	edge, etcd := e.run("aether edge"), e.run("etcd")
 	if edge != nil && len(edge.Phases) == 3 {
 		before, cut := edge.Phases[0], edge.Phases[1]
@@ -679,4 +844,63 @@ func (e *EdgePartitionResult) run(server string) *PartitionRun {
 		}
 	}
 	return nil
+}
+
+func notStats(log string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		if !strings.Contains(l, "request stats") && !strings.Contains(l, "took too long") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// leaderID is the member id of the client's member if it is the leader,
+// else 0 (aether edge has no leader).
+func leaderID(ctx context.Context, cli *clientv3.Client) (uint64, error) {
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := cli.Status(sctx, cli.Endpoints()[0])
+	if err != nil {
+		return 0, fmt.Errorf("status of %s: %w", cli.Endpoints()[0], err)
+	}
+	if st.Leader != 0 && st.Leader == st.Header.MemberId {
+		return st.Leader, nil
+	}
+	return 0, nil
+}
+
+// leaderOf is the leader the client's member names.
+func leaderOf(ctx context.Context, cli *clientv3.Client) (uint64, error) {
+	sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := cli.Status(sctx, cli.Endpoints()[0])
+	if err != nil {
+		return 0, fmt.Errorf("status of %s: %w", cli.Endpoints()[0], err)
+	}
+	return st.Leader, nil
+}
+
+// untilNewLeader waits until the far member names a leader other than
+// old; at once if old is 0 (there was none to replace).
+func untilNewLeader(ctx context.Context, far *clientv3.Client, old uint64, since time.Time) (time.Duration, error) {
+	if old == 0 {
+		return 0, nil
+	}
+	deadline := since.Add(30 * time.Second)
+	for {
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := far.Status(sctx, far.Endpoints()[0])
+		cancel()
+		if err == nil && st.Leader != 0 && st.Leader != old {
+			return time.Since(since), nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("no new leader 30 s after the cut (last: %v)", err)
+		}
+		if !sleepCtx(ctx, 10*time.Millisecond) {
+			return 0, ctx.Err()
+		}
+	}
 }
