@@ -99,8 +99,18 @@ func TestEdgePartitionSection(t *testing.T) {
 			t.Errorf("%s: want etcd verdict %q in\n%s", tc.name, tc.etcdWanted, md)
 		}
 	}
-	if md := partitionReport(PartitionPhase{Name: "cut"}, etcdNone).Markdown(); !strings.Contains(md, "7 client deadline exceeded") {
-		t.Errorf("etcd's errors are not named:\n%s", md)
+	r := partitionReport(PartitionPhase{Name: "cut"}, etcdNone)
+	r.EdgePartition.Runs[0].Check = PartitionCheck{NewLeaderMs: -1, NearWrite: "client deadline exceeded", LocalSawFarMs: -1, FarSawNearMs: -1}
+	r.EdgePartition.Runs[1].Check = PartitionCheck{FarWrites: 100, NearWrite: "ok", LocalSawFarMs: 163, FarSawNearMs: 170}
+	md := r.Markdown()
+	for _, want := range []string{
+		"7 client deadline exceeded",
+		"| etcd | 0.00 s | 0.00 s | none before the heal | 0 | client deadline exceeded | n/a (no far marker) | n/a (refused) |",
+		"| aether edge | 0.00 s | 0.00 s | none needed | 100 | ok | 163 ms after the heal | 170 ms after the heal |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("want %q in\n%s", want, md)
+		}
 	}
 }
 
