@@ -38,7 +38,7 @@ const (
 )
 
 // Scenarios lists every scenario group in the order Run runs them.
-var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioPeerWatch}
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioEdgePartition, ScenarioPeerWatch}
 
 // selected reports which groups o asks for, or an error naming an unknown one.
 func (o Options) selected() (map[string]bool, error) {
@@ -78,6 +78,8 @@ type Report struct {
 	Edge        *EdgeResult         `json:"edge,omitempty"`
 	EdgeScale   *EdgeScaleResult    `json:"edge_scale,omitempty"`
 	PeerWatch   *PeerWatchResult    `json:"peer_watch,omitempty"`
+	// EdgePartition is nil when the scenario was skipped (not root).
+	EdgePartition *EdgePartitionResult `json:"edge_partition,omitempty"`
 }
 
 // Run runs the selected scenarios in turn, printing progress to w.
@@ -142,6 +144,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioEdgeScale] {
 		if err := runEdgeScale(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioEdgePartition] {
+		if err := runEdgePartition(ctx, o, &r, w); err != nil {
 			return r, err
 		}
 	}
@@ -249,6 +256,9 @@ func (r Report) sections() []section {
 	}
 	if r.EdgeScale != nil {
 		out = append(out, section{edgeScaleBeginMark, edgeScaleEndMark, r.edgeScaleMarkdown})
+	}
+	if r.EdgePartition != nil {
+		out = append(out, section{edgePartBeginMark, edgePartEndMark, r.edgePartitionMarkdown})
 	}
 	if r.PeerWatch != nil {
 		out = append(out, section{peerBeginMark, peerEndMark, r.peerWatchMarkdown})

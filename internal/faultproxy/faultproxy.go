@@ -68,10 +68,15 @@ type link struct {
 
 // Start listens on 127.0.0.1 at a free port and forwards every accepted
 // connection to target.
-func Start(target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func Start(target string) (*Proxy, error) { return StartOn("127.0.0.1:0", target) }
+
+// StartOn is Start listening on addr instead: the benchmark harness puts
+// proxies on a bridge address that processes in other network namespaces
+// can reach, where loopback is private to each namespace.
+func StartOn(addr, target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("faultproxy: listen for target %s: %w", target, err)
+		return nil, fmt.Errorf("faultproxy: listen on %s for target %s: %w", addr, target, err)
 	}
 	p := &Proxy{
 		target:  target,
