@@ -40,7 +40,9 @@ package edge
 // key records with their winners, and its vector) is not built yet; until
 // it is, the operator replaces the peer by a new member with an empty data
 // directory. Its own pushes are still accepted (merging them is always
-// safe), so nothing acknowledged at the returning peer is lost.
+// safe), so nothing acknowledged at the returning peer is lost. A refused
+// peer that another replica (one that still had the changes) catches up
+// is served again once its vector covers what was dropped.
 
 import (
 	"time"
@@ -115,5 +117,18 @@ func (p *peer) refuseBehind(err error) {
 	if first {
 		p.y.s.log.Error("refusing to sync a peer behind this replica's GC point: it lacks changes no longer kept; replace it by a new member (snapshot transfer is not implemented)",
 			"peer", p.m.name, "err", err, "peer_retention", p.y.retention)
+	}
+}
+
+// caughtUp clears behind once the peer's vector covers what GC dropped
+// (another replica that still had the changes caught it up): it is served
+// from the log, and holds GC back, again.
+func (p *peer) caughtUp() {
+	p.mu.Lock()
+	was := p.behind
+	p.behind = false
+	p.mu.Unlock()
+	if was {
+		p.y.s.log.Info("peer is past this replica's GC point again: syncing", "peer", p.m.name)
 	}
 }

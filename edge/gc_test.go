@@ -218,8 +218,16 @@ func TestGCAbsentPeerHoldsBack(t *testing.T) {
 // reach the others.
 func TestGCPeerRetention(t *testing.T) {
 	names := []string{"a", "b", "c"}
-	const retention = 2 * time.Second
+	// Time passes on a clock the test moves (shared by the replicas), so
+	// "within the retention" is not a race with the machine's load.
+	const retention = 10 * time.Second
+	clk := &offsetClock{}
 	c := gcCluster(t, names, retention)
+	mod := c.mod
+	c.mod = func(name string, cfg *Config) {
+		mod(name, cfg)
+		cfg.Now = clk.now
+	}
 	for _, n := range names {
 		c.start(n)
 	}
@@ -230,9 +238,24 @@ func TestGCPeerRetention(t *testing.T) {
 	load(ctx, t, c.srv["a"], "a", 2, 100)
 	waitGCConverged(t, c.running())
 	for _, n := range []string{"a", "b"} {
-		s := c.srv[n]
-		if got := logLen(s); got < 100 {
+		if got := logLen(c.srv[n]); got < 100 {
 			t.Fatalf("%s trimmed changes c lacks within the retention: %d left", n, got)
+		}
+	}
+	// Past the retention in steps shorter than it, each waiting for a and
+	// b to hear each other again: only c goes unheard for that long.
+	for step := 0; step < 4; step++ {
+		clk.advance(retention / 3)
+		at := clk.now()
+		eventually(t, 20*time.Second, "a and b to ack each other", func() bool {
+			return !c.srv["a"].sync.byID[c.srv["b"].memberID].state().lastSync.Before(at) &&
+				!c.srv["b"].sync.byID[c.srv["a"].memberID].state().lastSync.Before(at)
+		})
+	}
+	for _, n := range []string{"a", "b"} {
+		s := c.srv[n]
+		if h := metricValue(t, s.reg, "aether_edge_gc_peer_holds", "b"); n == "a" && h != 1 {
+			t.Fatalf("a: gc_peer_holds{b} = %v: a live peer stopped holding GC back", h)
 		}
 		eventually(t, 20*time.Second, n+" to stop waiting for c", func() bool {
 			return metricValue(t, s.reg, "aether_edge_gc_peer_holds", "c") == 0 && logLen(s) == 0

@@ -167,6 +167,7 @@ func (p *peer) session(ctx context.Context) error {
 		p.refuseBehind(err)
 		return err
 	}
+	p.caughtUp()
 
 	errc := make(chan error, 1)
 	var wg sync.WaitGroup
