@@ -347,3 +347,12 @@ func TestGCLogFlatUnderSustainedWrites(t *testing.T) {
 		})
 	}
 }
+
+// TestGCWithoutPeers: with no peer to ack, the replica's own durable
+// writes move the stable point, so a lone replica's log stays empty.
+func TestGCWithoutPeers(t *testing.T) {
+	c := gcCluster(t, []string{"a"}, 0)
+	a := c.start("a")
+	load(testCtx(t), t, a, "a", 1, 50)
+	eventually(t, 10*time.Second, "a's log to be trimmed", func() bool { return logLen(a) == 0 })
+}

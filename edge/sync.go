@@ -183,7 +183,13 @@ func (y *syncer) applied(ap *core.Applied) {
 }
 
 // durable is the committer's hook: every change up to index is persisted.
-func (y *syncer) durable(index uint64) { y.log.markDurable(index) }
+// The stable point can move too (this replica's vector is part of it):
+// with no peer acking (none configured, or all past the retention) it is
+// the only trigger of GC.
+func (y *syncer) durable(index uint64) {
+	y.log.markDurable(index)
+	y.gc()
+}
 
 // start serves the peer URLs and starts a sender per peer.
 func (y *syncer) start() error {
