@@ -37,6 +37,8 @@ type peer struct {
 	lastSync  time.Time // last ack (a completed exchange)
 	probeSeq  uint64
 	probes    map[uint64]vector // what was sent before each probe in flight
+	// behind: the peer was found lacking changes GC dropped (gc.go).
+	behind bool
 }
 
 func newPeer(y *syncer, m member) (*peer, error) {
@@ -160,7 +162,12 @@ func (p *peer) session(ctx context.Context) error {
 	p.connected = true
 	p.mu.Unlock()
 	p.y.metrics.rounds.WithLabelValues(p.m.name).Inc()
-	cur := p.y.log.newCursor(vectorOf(first.GetVector()))
+	cur, err := p.y.log.newCursor(vectorOf(first.GetVector()))
+	if err != nil {
+		p.refuseBehind(err)
+		return err
+	}
+	p.caughtUp()
 
 	errc := make(chan error, 1)
 	var wg sync.WaitGroup
@@ -181,7 +188,11 @@ func (p *peer) session(ctx context.Context) error {
 		// sent us, and its acked vector, which includes what other peers
 		// gave it (so two senders catching it up share the work).
 		held := p.state().acked
-		batch, wake := p.y.log.take(cur, held, syncBatchChanges, syncBatchBytes)
+		batch, wake, err := p.y.log.take(cur, held, syncBatchChanges, syncBatchBytes)
+		if err != nil {
+			p.refuseBehind(err)
+			return err
+		}
 		if len(batch) > 0 {
 			req := &edgesyncv1.PushRequest{Changes: batch}
 			if err := stream.Send(req); err != nil {
@@ -250,6 +261,7 @@ func (p *peer) noteAck(ack *edgesyncv1.Ack) {
 	p.lastSync = p.y.s.now()
 	p.mu.Unlock()
 	p.y.kick()
+	p.y.gc()
 }
 
 // peerState is a snapshot of what the sender knows of its peer.

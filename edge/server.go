@@ -101,6 +101,13 @@ type Config struct {
 	// SyncInterval is the anti-entropy probe interval; 0 means
 	// DefaultSyncInterval.
 	SyncInterval time.Duration
+	// HistoryGC trims the sync log below the stable point, what every
+	// peer holds (gc.go), so its memory stays bounded.
+	HistoryGC bool
+	// PeerRetention is how long a peer may go unheard before it stops
+	// holding GC back (gc.go); 0 means forever. A peer that returns
+	// lacking what GC dropped is refused.
+	PeerRetention time.Duration
 	// QuotaBackendBytes is etcd's --quota-backend-bytes: 0 means etcd's
 	// default (2 GiB), negative no quota. See quota.go for what it bounds.
 	QuotaBackendBytes int64

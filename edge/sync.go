@@ -108,8 +108,9 @@ package edge
 //     of a change replay. Compaction (local, etcd's) keeps the hashes of
 //     the changes it drops as applied, so a peer's change on an old parent
 //     still merges; GC is what will finally drop them.
-//   - Bounded memory: the sync log holds every change's encoding today;
-//     GC cuts its prefix at the stable point as it does the DAG's.
+//   - Bounded memory: with Config.HistoryGC the sync log's prefix below
+//     the stable point is cut (gc.go), and a peer behind it is refused;
+//     snapshot transfer and the DAG's and tombstones' GC are still to do.
 
 import (
 	"context"
@@ -142,6 +143,11 @@ type syncer struct {
 	log      *syncLog
 	interval time.Duration
 	metrics  *syncMetrics
+	gcm      *gcMetrics
+	// retention is Config.PeerRetention; started is when this replica
+	// started, the "last heard" of a peer never heard from (gc.go).
+	retention time.Duration
+	started   time.Time
 
 	peers []*peer
 	byID  map[uint64]*peer
@@ -158,7 +164,8 @@ type syncer struct {
 }
 
 func newSyncer(s *Server) *syncer {
-	y := &syncer{s: s, log: newSyncLog(s.now), interval: s.cfg.SyncInterval, byID: map[uint64]*peer{}, waitCh: make(chan struct{})}
+	y := &syncer{s: s, log: newSyncLog(s.now), interval: s.cfg.SyncInterval, byID: map[uint64]*peer{}, waitCh: make(chan struct{}),
+		retention: s.cfg.PeerRetention, started: s.now()}
 	if y.interval <= 0 {
 		y.interval = DefaultSyncInterval
 	}
@@ -176,11 +183,18 @@ func (y *syncer) applied(ap *core.Applied) {
 }
 
 // durable is the committer's hook: every change up to index is persisted.
-func (y *syncer) durable(index uint64) { y.log.markDurable(index) }
+// The stable point can move too (this replica's vector is part of it):
+// with no peer acking (none configured, or all past the retention) it is
+// the only trigger of GC.
+func (y *syncer) durable(index uint64) {
+	y.log.markDurable(index)
+	y.gc()
+}
 
 // start serves the peer URLs and starts a sender per peer.
 func (y *syncer) start() error {
 	y.metrics = newSyncMetrics(y)
+	y.gcm = newGCMetrics(y)
 	peers, err := y.s.syncPeers()
 	if err != nil {
 		return err

@@ -735,12 +735,13 @@ func TestSyncLogVectorWalk(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got, _ := l.take(l.newCursor(vector{}), nil, 100, 1<<20); len(got) != 0 {
+	c0, _ := l.newCursor(vector{})
+	if got, _, _ := l.take(c0, nil, 100, 1<<20); len(got) != 0 {
 		t.Fatalf("sent %d changes before any was durable", len(got))
 	}
 	l.markDurable(6)
-	cur := l.newCursor(vector{1: 2, 2: 1})          // holds a1 a2 b1
-	got, _ := l.take(cur, vector{3: 1}, 100, 1<<20) // and c1, heard from it
+	cur, _ := l.newCursor(vector{1: 2, 2: 1})          // holds a1 a2 b1
+	got, _, _ := l.take(cur, vector{3: 1}, 100, 1<<20) // and c1, heard from it
 	var ids []byte
 	for _, g := range got {
 		ids = append(ids, g[0])
@@ -1003,7 +1004,7 @@ func TestSyncLogTakeBoundsScan(t *testing.T) {
 	calls := 0
 	for {
 		calls++
-		got, wake := l.take(cur, nil, 100, 1<<20)
+		got, wake, _ := l.take(cur, nil, 100, 1<<20)
 		if len(got) == 1 {
 			break
 		}

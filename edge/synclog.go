@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -82,8 +83,10 @@ type logEntry struct {
 // (the committer's persist hook), so a change never leaves the replica
 // before a crash could no longer take it back.
 //
-// The log keeps every change in memory; GC of causally stable changes
-// (issue 16, part 4) will cut its prefix.
+// GC (gc.go) cuts the log's prefix below the stable point, what every
+// peer holds: trimmed counts, per replica, the changes of its chain no
+// longer here (always a prefix of the chain), and a peer whose vector is
+// below it cannot be caught up from the log (errBehindGC).
 type syncLog struct {
 	mu      sync.Mutex
 	base    uint64 // index of entries[0]
@@ -95,6 +98,15 @@ type syncLog struct {
 	chains  map[core.ReplicaID][]uint64 // each replica's changes' indexes, in chain order
 	now     func() time.Time
 	bytes   int64
+	// trimmed is, per replica, how many of its changes GC dropped from
+	// entries: the first trimmed[r] of r's chain.
+	trimmed vector
+	// gone keeps the place of each trimmed change, so position (the
+	// receiver's duplicate check, ReplicationStatus, WaitReplicated) still
+	// answers for it. A hash and two integers per change instead of the
+	// encoding; like the core's forgotten set it is bounded only by DAG GC
+	// (not done yet).
+	gone map[core.Hash]chainPos
 	// changed is closed (and replaced) whenever durable advances.
 	changed chan struct{}
 }
@@ -106,8 +118,16 @@ func newSyncLog(now func() time.Time) *syncLog {
 		byHash:  make(map[core.Hash]uint64),
 		applied: make(vector),
 		dvec:    make(vector),
+		trimmed: make(vector),
+		gone:    make(map[core.Hash]chainPos),
 		changed: make(chan struct{}),
 	}
+}
+
+// chainPos is a change's place in its author's chain.
+type chainPos struct {
+	replica core.ReplicaID
+	seq     uint64
 }
 
 // add records an applied change (index order). Recovered changes pass
@@ -190,6 +210,9 @@ func (l *syncLog) position(id core.Hash) (core.ReplicaID, uint64, bool) {
 	defer l.mu.Unlock()
 	i, ok := l.byHash[id]
 	if !ok {
+		if g, ok := l.gone[id]; ok {
+			return g.replica, g.seq, true
+		}
 		return 0, 0, false
 	}
 	e := l.entries[i-l.base]
@@ -223,8 +246,16 @@ func (l *syncLog) oldestLacking(v vector) (time.Time, bool) {
 			continue
 		}
 		// The peer holds a prefix of r's chain: its first missing change
-		// is the oldest of r's it lacks.
-		at := l.entries[l.chains[r][v[r]]-l.base].durableAt
+		// is the oldest of r's it lacks (or, for a peer behind the GC
+		// point, the oldest still here).
+		k := uint64(0)
+		if v[r] > l.trimmed[r] {
+			k = v[r] - l.trimmed[r]
+		}
+		if k >= uint64(len(l.chains[r])) {
+			continue
+		}
+		at := l.entries[l.chains[r][k]-l.base].durableAt
 		if !found || at < oldest {
 			oldest, found = at, true
 		}
@@ -255,9 +286,14 @@ type cursor struct {
 // newCursor starts a pusher at the first change peer (whose vector is pv)
 // lacks. Everything before it the peer holds, so the walk that follows
 // sends exactly the vector difference, in index order.
-func (l *syncLog) newCursor(pv vector) *cursor {
+// A peer that lacks a change GC dropped gets errBehindGC: it cannot be
+// caught up from the log.
+func (l *syncLog) newCursor(pv vector) (*cursor, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if err := l.behind(pv); err != nil {
+		return nil, err
+	}
 	c := &cursor{next: l.base + uint64(len(l.entries)), sent: pv.clone()}
 	if l.base == 0 {
 		c.next = 1
@@ -268,7 +304,24 @@ func (l *syncLog) newCursor(pv vector) *cursor {
 			break
 		}
 	}
-	return c
+	return c, nil
+}
+
+// errBehindGC: a peer lacks changes this replica's GC dropped. Sending it
+// what is left would leave a hole in its history (the next change would
+// not merge, or worse, a key's older value would stay), so the sender
+// refuses it loudly instead (gc.go).
+var errBehindGC = errors.New("edge: peer is behind this replica's GC point")
+
+// behind reports, for what a peer holds (v), whether it lacks a trimmed
+// change. The caller holds l.mu.
+func (l *syncLog) behind(v vector) error {
+	for r, n := range l.trimmed {
+		if v[r] < n {
+			return fmt.Errorf("%w: it holds %d of replica %x's changes, %d are no longer in the log", errBehindGC, v[r], uint64(r), n)
+		}
+	}
+	return nil
 }
 
 // take returns the next batch for c (at most maxN changes, maxBytes bytes
@@ -277,19 +330,30 @@ func (l *syncLog) newCursor(pv vector) *cursor {
 // wake-up is lost between an empty batch and the wait. held is what the
 // peer is known to hold besides what c sent (the changes it sent us, its
 // acks): not sent.
-func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte, <-chan struct{}) {
+//
+// A cursor GC overtook (its peer stopped holding the stable point back,
+// then came back on the same stream) gets errBehindGC unless the peer is
+// known to hold what was trimmed.
+func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte, <-chan struct{}, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out [][]byte
 	size := 0
 	if c.next < l.base {
-		c.next = l.base // cannot happen until GC cuts the log
+		known := c.sent.clone()
+		for r, n := range held {
+			known[r] = max(known[r], n)
+		}
+		if err := l.behind(known); err != nil {
+			return nil, nil, err
+		}
+		c.next = l.base
 	}
 	for scanned := 0; c.next <= l.durable && len(out) < maxN; scanned++ {
 		if scanned == maxScan {
 			// A long run the peer holds: let writers have the lock, and
 			// tell the caller to come back at once.
-			return out, closedChan
+			return out, closedChan, nil
 		}
 		e := &l.entries[c.next-l.base]
 		if e.seq <= c.sent[e.replica] || e.seq <= held[e.replica] {
@@ -306,5 +370,46 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 		c.sent[e.replica] = e.seq
 		c.next++
 	}
-	return out, l.changed
+	return out, l.changed, nil
+}
+
+// trim drops the log's longest prefix of durable changes that stable
+// (what every peer GC waits for holds) covers, and returns how many it
+// dropped. stable is causally closed (a minimum of vectors that are), so
+// the prefix is too; a stable change behind an unstable one waits for it.
+func (l *syncLog) trim(stable vector) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k := 0
+	for k < len(l.entries) && l.base+uint64(k) <= l.durable {
+		e := &l.entries[k]
+		if e.seq > stable[e.replica] {
+			break
+		}
+		k++
+	}
+	for i := 0; i < k; i++ {
+		e := &l.entries[i]
+		delete(l.byHash, e.id)
+		l.gone[e.id] = chainPos{replica: e.replica, seq: e.seq}
+		l.trimmed[e.replica]++
+		l.bytes -= int64(len(e.enc))
+		// A replica's chain is in index order: its front is this entry.
+		ch := l.chains[e.replica]
+		ch[0] = 0
+		l.chains[e.replica] = ch[1:]
+		// Release the encoding now: the backing array lives on until
+		// append outgrows it.
+		*e = logEntry{}
+	}
+	l.entries = l.entries[k:]
+	l.base += uint64(k)
+	return k
+}
+
+// trimmedVector is, per replica, how many of its changes GC dropped.
+func (l *syncLog) trimmedVector() vector {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.trimmed.clone()
 }

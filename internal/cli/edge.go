@@ -220,6 +220,8 @@ type edgeSettings struct {
 	AutoCompactionRetention                                                  time.Duration
 	SyncPeers                                                                []string      // --sync-peers (edge/sync.go)
 	SyncInterval                                                             time.Duration // --sync-interval
+	HistoryGC                                                                bool          // --history-gc (edge/gc.go)
+	PeerRetention                                                            time.Duration // --peer-retention
 	ValueMerge                                                               string        // --value-merge
 	ValueMergePrefixes                                                       []string      // --value-merge-prefix (JSON prefixes)
 	Logger                                                                   *slog.Logger
@@ -257,6 +259,8 @@ type edgeFlags struct {
 	autoCompactionMode, autoCompactionRet      string
 	syncPeers                                  string
 	syncInterval                               time.Duration
+	historyGC                                  bool
+	peerRetention                              time.Duration
 	valueMerge, valueMergePrefix               string
 	version                                    bool
 	other                                      map[string]*capturedFlag
@@ -307,6 +311,8 @@ func newEdgeFlags(args []string) *edgeFlags {
 	// Not etcd's: replication between edge replicas (edge/sync.go).
 	fs.StringVar(&f.syncPeers, "sync-peers", "", "Comma-separated names of the initial-cluster members this replica syncs with (empty: every other member).")
 	fs.DurationVar(&f.syncInterval, "sync-interval", 0, "Anti-entropy round interval per peer (0: 5s).")
+	fs.BoolVar(&f.historyGC, "history-gc", false, "Drop changes from the in-memory sync log once every peer holds them (bounded memory).")
+	fs.DurationVar(&f.peerRetention, "peer-retention", 0, "With --history-gc, how long a peer may go unheard before it stops holding GC back (0: forever). A peer that returns lacking dropped changes is refused and must be replaced by a new member.")
 	fs.StringVar(&f.valueMerge, "value-merge", "bytes", "How concurrent writes of one key merge: 'bytes' (last writer wins) or 'json' (a JSON object merges field by field, recursively; other values last writer wins). Every member must use the same setting.")
 	fs.StringVar(&f.valueMergePrefix, "value-merge-prefix", "", "Comma-separated PREFIX=json entries: keys under PREFIX merge as JSON, the others as --value-merge bytes (e.g. '/config/=json'). Every member must use the same setting.")
 	fs.BoolVar(&f.version, "version", false, "Print the version and exit.")
@@ -553,6 +559,25 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 		return errors.New("--sync-interval must not be negative")
 	}
 	s.SyncInterval = f.syncInterval
+	if f.peerRetention < 0 {
+		return errors.New("--peer-retention must not be negative")
+	}
+	if f.peerRetention > 0 {
+		// A live peer acks at least every sync interval; a retention near
+		// it would drop changes a healthy peer is about to ack for.
+		iv := f.syncInterval
+		if iv == 0 {
+			iv = 5 * time.Second
+		}
+		if f.peerRetention < 10*iv {
+			return fmt.Errorf("--peer-retention %v is under 10 sync intervals (%v): a healthy peer would be dropped from GC; raise it or lower --sync-interval", f.peerRetention, 10*iv)
+		}
+		if !f.historyGC {
+			return errors.New("--peer-retention needs --history-gc (without GC nothing is held back)")
+		}
+	}
+	s.HistoryGC = f.historyGC
+	s.PeerRetention = f.peerRetention
 	if s.ValueMerge, s.ValueMergePrefixes, err = valueMergeSettings(f.valueMerge, f.valueMergePrefix); err != nil {
 		return err
 	}

@@ -37,6 +37,8 @@ func (s *edgeSettings) edgeConfig() edge.Config {
 		AutoCompactionRetention:     s.AutoCompactionRetention,
 		SyncPeers:                   s.SyncPeers,
 		SyncInterval:                s.SyncInterval,
+		HistoryGC:                   s.HistoryGC,
+		PeerRetention:               s.PeerRetention,
 		ValueMerge:                  s.ValueMerge,
 		ValueMergePrefixes:          s.ValueMergePrefixes,
 	}

@@ -1,0 +1,358 @@
+package edge
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	edgev1 "github.com/aethermesh/aether/api/edge/v1"
+	"github.com/aethermesh/aether/edge/internal/core"
+)
+
+// gcCluster is a test cluster whose replicas trim their sync logs.
+func gcCluster(t *testing.T, names []string, retention time.Duration) *testCluster {
+	c := newTestCluster(t, names, nil)
+	c.mod = func(_ string, cfg *Config) {
+		cfg.HistoryGC = true
+		cfg.PeerRetention = retention
+	}
+	return c
+}
+
+func logLen(s *Server) int {
+	n, _ := s.sync.log.stats()
+	return n
+}
+
+// gcConverged: with the logs trimmed, "the same changes" is the same
+// durable vector (sync.go: a vector is a replica's whole history), and
+// then the same HashKV.
+func gcConverged(ctx context.Context, t *testing.T, ss []*Server) bool {
+	t.Helper()
+	var first vector
+	var hash uint32
+	for i, s := range ss {
+		v := s.sync.log.durableVector()
+		resp, err := newClientQuiet(t, s).HashKV(ctx, s.ClientURLs()[0], 0)
+		if err != nil {
+			t.Fatalf("HashKV: %v", err)
+		}
+		if i == 0 {
+			first, hash = v, resp.Hash
+			continue
+		}
+		if !mapsEqual(first, v) || resp.Hash != hash {
+			return false
+		}
+	}
+	return true
+}
+
+func waitGCConverged(t *testing.T, ss []*Server) {
+	t.Helper()
+	ctx := testCtx(t)
+	eventually(t, 30*time.Second, "replicas to converge", func() bool { return gcConverged(ctx, t, ss) })
+}
+
+func total(v vector) uint64 {
+	var n uint64
+	for _, c := range v {
+		n += c
+	}
+	return n
+}
+
+// TestSyncLogTrim: the log drops the longest durable prefix the stable
+// vector covers, keeps answering position for what it dropped, and
+// refuses a cursor for a peer lacking a dropped change.
+func TestSyncLogTrim(t *testing.T) {
+	l := newSyncLog(time.Now)
+	order := []core.ReplicaID{1, 2, 1, 3, 2, 1} // a1 b1 a2 c1 b2 a3
+	var ids []core.Hash
+	for i, r := range order {
+		var id core.Hash
+		id[0] = byte(i + 1)
+		ids = append(ids, id)
+		if err := l.add(uint64(i+1), id, []byte{byte(i + 1)}, r, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := l.trim(vector{1: 3, 2: 2, 3: 1}); n != 0 {
+		t.Fatalf("trimmed %d changes before any was durable", n)
+	}
+	l.markDurable(5)
+	// a2 is stable, c1 is not: the prefix stops at c1 although b2 is.
+	if n := l.trim(vector{1: 2, 2: 2}); n != 3 {
+		t.Fatalf("trimmed %d, want 3 (a1 b1 a2)", n)
+	}
+	if n, _ := l.stats(); n != 3 {
+		t.Fatalf("%d entries left, want 3", n)
+	}
+	if r, seq, ok := l.position(ids[2]); !ok || r != 1 || seq != 2 {
+		t.Fatalf("position of trimmed a2 = %d %d %v", r, seq, ok)
+	}
+	if _, err := l.newCursor(vector{1: 1, 2: 1}); err == nil {
+		t.Fatal("a peer lacking trimmed a2 got a cursor")
+	}
+	cur, err := l.newCursor(vector{1: 2, 2: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := l.take(cur, nil, 100, 1<<20)
+	if err != nil || len(got) != 2 || got[0][0] != 4 || got[1][0] != 5 {
+		t.Fatalf("take after trim = %v, %v; want c1 b2", got, err)
+	}
+	// A cursor GC overtook is refused unless its peer holds what went.
+	stale := &cursor{next: 1, sent: vector{}}
+	if _, _, err := l.take(stale, vector{1: 1}, 100, 1<<20); err == nil {
+		t.Fatal("a cursor behind the GC point was served")
+	}
+	ok := &cursor{next: 1, sent: vector{}}
+	if _, _, err := l.take(ok, vector{1: 2, 2: 1}, 100, 1<<20); err != nil {
+		t.Fatalf("a cursor whose peer holds the trimmed changes: %v", err)
+	}
+	// The chains stay aligned: lag from a peer holding a2 is c1's age.
+	if _, found := l.oldestLacking(vector{1: 2, 2: 1}); !found {
+		t.Fatal("oldestLacking found nothing")
+	}
+	l.markDurable(6)
+	if n := l.trim(vector{1: 3, 2: 2, 3: 1}); n != 3 {
+		t.Fatalf("trimmed %d, want 3", n)
+	}
+	if n, b := l.stats(); n != 0 || b != 0 {
+		t.Fatalf("stats after trimming all = %d, %d", n, b)
+	}
+	if err := l.add(7, core.Hash{7}, []byte{7}, 2, true); err != nil {
+		t.Fatalf("add after trimming all: %v", err)
+	}
+}
+
+// TestGCLogShrinksAfterAllPeersAck: three replicas, writes at each; once
+// every peer acked, every log is empty, the GC point is every change, and
+// replication goes on.
+func TestGCLogShrinksAfterAllPeersAck(t *testing.T) {
+	names := []string{"a", "b", "c"}
+	c := gcCluster(t, names, 0)
+	for _, n := range names {
+		c.start(n)
+	}
+	ctx := testCtx(t)
+	var wg sync.WaitGroup
+	for i, n := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			load(ctx, t, c.srv[n], n, uint64(i+1), 150)
+		}()
+	}
+	wg.Wait()
+	waitGCConverged(t, c.running())
+	for _, n := range names {
+		s := c.srv[n]
+		want := total(s.sync.log.durableVector())
+		eventually(t, 20*time.Second, n+"'s log to be trimmed", func() bool {
+			return logLen(s) == 0 && metricValue(t, s.reg, "aether_edge_gc_point_changes", "") == float64(want)
+		})
+		if got := metricValue(t, s.reg, "aether_edge_gc_trimmed_changes_total", ""); got != float64(want) {
+			t.Fatalf("%s trimmed %v changes, want %d", n, got, want)
+		}
+	}
+	// A hash below the GC point is still known: WaitReplicated answers.
+	put, err := newClient(t, c.srv["a"]).Put(ctx, "after", "gc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitGCConverged(t, c.running())
+	eventually(t, 20*time.Second, "a's log to be trimmed again", func() bool { return logLen(c.srv["a"]) == 0 })
+	hs, err := extClient(t, c.srv["a"]).Heads(ctx, &edgev1.HeadsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := extClient(t, c.srv["a"]).WaitReplicated(wctx, &edgev1.WaitReplicatedRequest{Hashes: hs.Heads, Replicas: 3}); err != nil {
+		t.Fatalf("WaitReplicated on a trimmed change (rev %d): %v", put.Header.Revision, err)
+	}
+}
+
+// TestGCAbsentPeerHoldsBack: without a retention, a stopped peer holds
+// the stable point where it left; on return it is caught up from the log
+// and then the logs are trimmed.
+func TestGCAbsentPeerHoldsBack(t *testing.T) {
+	names := []string{"a", "b", "c"}
+	c := gcCluster(t, names, 0)
+	for _, n := range names {
+		c.start(n)
+	}
+	ctx := testCtx(t)
+	acked := []map[string][]string{load(ctx, t, c.srv["a"], "a", 1, 30)}
+	waitGCConverged(t, c.running())
+	c.stop("c")
+	acked = append(acked, load(ctx, t, c.srv["a"], "a", 2, 100), load(ctx, t, c.srv["b"], "b", 3, 100))
+	waitGCConverged(t, c.running())
+	// Every change since c left is one c lacks: none may go.
+	for _, n := range []string{"a", "b"} {
+		if got := logLen(c.srv[n]); got < 200 {
+			t.Fatalf("%s's log holds %d changes; c lacks at least 200", n, got)
+		}
+		if h := metricValue(t, c.srv[n].reg, "aether_edge_gc_peer_holds", "c"); h != 1 {
+			t.Fatalf("%s: gc_peer_holds{c} = %v, want 1 (no retention)", n, h)
+		}
+	}
+	c.start("c")
+	waitGCConverged(t, c.running())
+	for _, n := range names {
+		eventually(t, 20*time.Second, n+"'s log to be trimmed", func() bool { return logLen(c.srv[n]) == 0 })
+	}
+	_ = acked
+}
+
+// TestGCPeerRetention: a peer away past --peer-retention stops holding GC
+// back; on return, lacking trimmed changes, it is refused loudly (metric)
+// instead of being sent a log with a hole, while its own writes still
+// reach the others.
+func TestGCPeerRetention(t *testing.T) {
+	names := []string{"a", "b", "c"}
+	// Time passes on a clock the test moves (shared by the replicas), so
+	// "within the retention" is not a race with the machine's load.
+	const retention = 10 * time.Second
+	clk := &offsetClock{}
+	c := gcCluster(t, names, retention)
+	mod := c.mod
+	c.mod = func(name string, cfg *Config) {
+		mod(name, cfg)
+		cfg.Now = clk.now
+	}
+	for _, n := range names {
+		c.start(n)
+	}
+	ctx := testCtx(t)
+	load(ctx, t, c.srv["a"], "a", 1, 20)
+	waitGCConverged(t, c.running())
+	c.stop("c")
+	load(ctx, t, c.srv["a"], "a", 2, 100)
+	waitGCConverged(t, c.running())
+	for _, n := range []string{"a", "b"} {
+		if got := logLen(c.srv[n]); got < 100 {
+			t.Fatalf("%s trimmed changes c lacks within the retention: %d left", n, got)
+		}
+	}
+	// Past the retention in steps shorter than it, each waiting for a and
+	// b to hear each other again: only c goes unheard for that long.
+	for step := 0; step < 4; step++ {
+		clk.advance(retention / 3)
+		at := clk.now()
+		eventually(t, 20*time.Second, "a and b to ack each other", func() bool {
+			return !c.srv["a"].sync.byID[c.srv["b"].memberID].state().lastSync.Before(at) &&
+				!c.srv["b"].sync.byID[c.srv["a"].memberID].state().lastSync.Before(at)
+		})
+	}
+	for _, n := range []string{"a", "b"} {
+		s := c.srv[n]
+		if h := metricValue(t, s.reg, "aether_edge_gc_peer_holds", "b"); n == "a" && h != 1 {
+			t.Fatalf("a: gc_peer_holds{b} = %v: a live peer stopped holding GC back", h)
+		}
+		eventually(t, 20*time.Second, n+" to stop waiting for c", func() bool {
+			return metricValue(t, s.reg, "aether_edge_gc_peer_holds", "c") == 0 && logLen(s) == 0
+		})
+	}
+	cs := c.start("c")
+	for _, n := range []string{"a", "b"} {
+		s := c.srv[n]
+		eventually(t, 20*time.Second, n+" to refuse c", func() bool {
+			return metricValue(t, s.reg, "aether_edge_gc_peer_refused_total", "c") >= 1 &&
+				metricValue(t, s.reg, "aether_edge_gc_peer_behind", "c") == 1
+		})
+	}
+	// c's own writes still reach a and b.
+	load(ctx, t, cs, "c", 3, 10)
+	cr := core.ReplicaID(cs.st.Replica())
+	eventually(t, 20*time.Second, "c's writes to reach a", func() bool {
+		return c.srv["a"].sync.log.durableVector()[cr] == cs.sync.log.durableVector()[cr]
+	})
+	// And c was not half caught up: it still lacks all of a's changes
+	// made while it was away.
+	ar := c.srv["a"].st.Replica()
+	if got, want := cs.sync.log.durableVector()[ar], c.srv["a"].sync.log.durableVector()[ar]; got >= want {
+		t.Fatalf("c holds %d of a's %d changes after being refused", got, want)
+	}
+}
+
+// TestGCLogFlatUnderSustainedWrites measures the sync log's length and the
+// heap over a sustained write load at one of two replicas, with compaction
+// each round, with GC and without.
+func TestGCLogFlatUnderSustainedWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("load test")
+	}
+	const rounds, perRound, writers = 6, 1000, 8
+	for _, gc := range []bool{true, false} {
+		t.Run(fmt.Sprintf("gc=%v", gc), func(t *testing.T) {
+			c := newTestCluster(t, []string{"a", "b"}, nil)
+			c.mod = func(_ string, cfg *Config) { cfg.HistoryGC = gc }
+			a := c.start("a")
+			c.start("b")
+			ctx := testCtx(t)
+			cli := newClient(t, a)
+			var lens []int
+			for r := range rounds {
+				var wg sync.WaitGroup
+				for w := range writers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for i := range perRound / writers {
+							if _, err := cli.Put(ctx, fmt.Sprintf("k%03d", (w*perRound+i)%200), fmt.Sprintf("v%d-%d", r, i)); err != nil {
+								t.Error(err)
+								return
+							}
+						}
+					}()
+				}
+				wg.Wait()
+				waitGCConverged(t, c.running())
+				// Compaction is local: each replica compacts its own history.
+				for _, s := range c.running() {
+					sc := newClientQuiet(t, s)
+					resp, err := sc.Get(ctx, "k000")
+					if err != nil {
+						t.Fatal(err)
+					}
+					if _, err := sc.Compact(ctx, resp.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if gc {
+					eventually(t, 20*time.Second, "a's log to be trimmed", func() bool { return logLen(a) == 0 })
+				}
+				runtime.GC()
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				n, b := a.sync.log.stats()
+				lens = append(lens, n)
+				t.Logf("gc=%v after %d writes: sync log %d changes (%d bytes), heap in use %.1f MiB (both replicas, one process)",
+					gc, (r+1)*perRound, n, b, float64(ms.HeapInuse)/(1<<20))
+			}
+			if gc && lens[len(lens)-1] != 0 {
+				t.Fatalf("log lengths %v: not flat", lens)
+			}
+			if !gc && lens[len(lens)-1] < rounds*perRound {
+				t.Fatalf("without GC the log holds %d of %d changes", lens[len(lens)-1], rounds*perRound)
+			}
+		})
+	}
+}
+
+// TestGCWithoutPeers: with no peer to ack, the replica's own durable
+// writes move the stable point, so a lone replica's log stays empty.
+func TestGCWithoutPeers(t *testing.T) {
+	c := gcCluster(t, []string{"a"}, 0)
+	a := c.start("a")
+	load(testCtx(t), t, a, "a", 1, 50)
+	eventually(t, 10*time.Second, "a's log to be trimmed", func() bool { return logLen(a) == 0 })
+}

@@ -1,0 +1,35 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// The GC flags reach the server's config; a retention a healthy peer
+// could outlive between acks, or one without GC, is refused by name.
+func TestEdgeGCFlags(t *testing.T) {
+	base := []string{"--name", "a", "--data-dir", t.TempDir(),
+		"--initial-cluster", "a=http://127.0.0.1:2380,b=http://127.0.0.2:2380",
+		"--initial-advertise-peer-urls", "http://127.0.0.1:2380"}
+	res := mustEdge(t, nil, append(base, "--history-gc", "--peer-retention", "10m")...)
+	if cfg := res.settings.edgeConfig(); !cfg.HistoryGC || cfg.PeerRetention != 10*time.Minute {
+		t.Fatalf("server config: history GC %v, retention %v", cfg.HistoryGC, cfg.PeerRetention)
+	}
+	if cfg := mustEdge(t, nil, base...).settings.edgeConfig(); cfg.HistoryGC || cfg.PeerRetention != 0 {
+		t.Fatalf("defaults: history GC %v, retention %v", cfg.HistoryGC, cfg.PeerRetention)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--history-gc", "--peer-retention", "-1s"}, "--peer-retention must not be negative"},
+		{[]string{"--history-gc", "--peer-retention", "20s"}, "--peer-retention 20s is under 10 sync intervals"},
+		{[]string{"--peer-retention", "10m"}, "--peer-retention needs --history-gc"},
+	} {
+		res := runEdgeCLI(t, nil, append(base, tc.args...)...)
+		if res.err == nil || !strings.Contains(res.err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want %q", tc.args, res.err, tc.want)
+		}
+	}
+}
