@@ -206,6 +206,7 @@ func (h *pushServer) receive(stream edgesyncv1.EdgeSync_PushServer, name string,
 			}
 			return togRPC(err)
 		}
+		s.metrics.merged.WithLabelValues(name).Add(float64(n))
 		select {
 		case queue <- pending{b: b, probe: req.GetProbe(), n: n}:
 		case err := <-ackErr:
