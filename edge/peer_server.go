@@ -170,15 +170,17 @@ func (h *pushServer) receive(stream edgesyncv1.EdgeSync_PushServer, name string,
 	y, s := h.y, h.y.s
 	queue := make(chan pending, ackQueueLen)
 	ackErr := make(chan error, 1)
-	done := make(chan struct{})
+	// Ending ctx stops the acker even while it waits for a batch: the
+	// stream's own context ends only once this handler has returned.
+	ctx, cancel := context.WithCancel(stream.Context())
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ackErr <- h.ack(stream.Context(), stream, queue, done)
+		ackErr <- h.ack(ctx, stream, queue)
 	}()
 	defer func() {
-		close(done)
+		cancel()
 		wg.Wait()
 	}()
 	for {
@@ -219,13 +221,13 @@ func (h *pushServer) receive(stream edgesyncv1.EdgeSync_PushServer, name string,
 // pushes that are durable by the time one is acknowledged share an ack
 // (each probe still gets its own, naming it): the ack carries the durable
 // vector, which covers them all.
-func (h *pushServer) ack(ctx context.Context, stream edgesyncv1.EdgeSync_PushServer, queue <-chan pending, done <-chan struct{}) error {
+func (h *pushServer) ack(ctx context.Context, stream edgesyncv1.EdgeSync_PushServer, queue <-chan pending) error {
 	s := h.y.s
 	for {
 		var p pending
 		select {
 		case p = <-queue:
-		case <-done:
+		case <-ctx.Done():
 			return nil
 		}
 		if err := p.b.wait(ctx); err != nil {
