@@ -141,6 +141,48 @@ func (h *pushServer) Push(stream edgesyncv1.EdgeSync_PushServer) error {
 	if err := stream.Send(&edgesyncv1.Ack{MemberId: s.memberID, Vector: y.log.durableVector().proto()}); err != nil {
 		return err
 	}
+	return h.receive(stream, name, y.byID[hello.GetMemberId()])
+}
+
+// ackQueueLen bounds the pushes applied but not yet acknowledged on one
+// stream: past it the receiver stops reading, and gRPC flow control paces
+// the sender.
+const ackQueueLen = 256
+
+// pending is a push applied here and waiting for its batch to be durable.
+type pending struct {
+	b     *batch
+	probe uint64
+	n     int
+}
+
+// receive applies each push as it arrives and acknowledges it from a
+// second goroutine once durable. Applying does not wait for the previous
+// push's fsync: what arrives while a batch is being persisted, on this
+// stream and every other, and local writes too, joins the committer's open
+// batch, so the next batch makes all of it durable with one WAL append and
+// one fdatasync. (Applying one push and then waiting for its fsync before
+// reading the next cost every replica one fsync per push it received, and
+// a replica with N-1 peers on a disk shared with them fell behind.) Acks
+// still follow durability, in order; watchers see the changes when their
+// batch is durable, as for local writes.
+func (h *pushServer) receive(stream edgesyncv1.EdgeSync_PushServer, name string, from *peer) error {
+	y, s := h.y, h.y.s
+	queue := make(chan pending, ackQueueLen)
+	ackErr := make(chan error, 1)
+	// Ending ctx stops the acker even while it waits for a batch: the
+	// stream's own context ends only once this handler has returned.
+	ctx, cancel := context.WithCancel(stream.Context())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ackErr <- h.ack(ctx, stream, queue)
+	}()
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -149,9 +191,16 @@ func (h *pushServer) Push(stream edgesyncv1.EdgeSync_PushServer) error {
 		if err != nil {
 			return err
 		}
+		select {
+		case err := <-ackErr:
+			// Acknowledging failed (storage failed, or the stream is
+			// going): applying more would only queue acks never sent.
+			return err
+		default:
+		}
 		y.metrics.changesRecv.WithLabelValues(name).Add(float64(len(req.GetChanges())))
 		y.metrics.bytesRecv.WithLabelValues(name).Add(float64(proto.Size(req)))
-		n, err := s.mergeChanges(stream.Context(), y.byID[hello.GetMemberId()], req.GetChanges())
+		b, n, err := s.applyChanges(from, req.GetChanges())
 		if err != nil {
 			s.log.Warn("merging changes from a peer failed", "peer", name, "merged", n, "err", err)
 			if errors.Is(err, core.ErrMissingParents) {
@@ -159,22 +208,88 @@ func (h *pushServer) Push(stream edgesyncv1.EdgeSync_PushServer) error {
 			}
 			return togRPC(err)
 		}
-		ack := &edgesyncv1.Ack{MemberId: s.memberID, Vector: y.log.durableVector().proto(), Probe: req.GetProbe(), Applied: uint64(n)}
-		if err := stream.Send(ack); err != nil {
+		s.metrics.merged.WithLabelValues(name).Add(float64(n))
+		select {
+		case queue <- pending{b: b, probe: req.GetProbe(), n: n}:
+		case err := <-ackErr:
 			return err
 		}
 	}
 }
 
-// mergeChanges applies changes from a peer, in the order given, each
-// through core.Merge and the committer (the path of local writes), and
-// returns once they are durable: how many were new here. A change already
-// held is skipped. On an error the changes before it stay applied. from,
-// when this replica also pushes to the sender, learns that the sender
-// holds each change, before it is durable here (so it is never echoed).
+// ack sends the acks of queued pushes once their batches are durable. The
+// pushes that are durable by the time one is acknowledged share an ack
+// (each probe still gets its own, naming it): the ack carries the durable
+// vector, which covers them all.
+func (h *pushServer) ack(ctx context.Context, stream edgesyncv1.EdgeSync_PushServer, queue <-chan pending) error {
+	s := h.y.s
+	for {
+		var p pending
+		select {
+		case p = <-queue:
+		case <-ctx.Done():
+			return nil
+		}
+		if err := p.b.wait(ctx); err != nil {
+			return err
+		}
+		probes, applied := []uint64(nil), 0
+		add := func(p pending) {
+			applied += p.n
+			if p.probe != 0 {
+				probes = append(probes, p.probe)
+			}
+		}
+		add(p)
+	more:
+		for {
+			select {
+			case q := <-queue:
+				if err := q.b.wait(ctx); err != nil {
+					return err
+				}
+				add(q)
+			default:
+				break more
+			}
+		}
+		vec := h.y.log.durableVector().proto()
+		if len(probes) == 0 {
+			probes = []uint64{0}
+		}
+		for i, id := range probes {
+			a := &edgesyncv1.Ack{MemberId: s.memberID, Vector: vec, Probe: id}
+			if i == 0 {
+				a.Applied = uint64(applied)
+			}
+			if err := stream.Send(a); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// mergeChanges applies changes from a peer (applyChanges) and returns once
+// they are durable: how many were new here.
 func (s *Server) mergeChanges(ctx context.Context, from *peer, encs [][]byte) (int, error) {
+	b, n, err := s.applyChanges(from, encs)
+	if werr := b.wait(ctx); werr != nil {
+		return n, werr
+	}
+	return n, err
+}
+
+// applyChanges applies changes from a peer, in the order given, each
+// through core.Merge and the committer (the path of local writes), in one
+// pass under the state lock, and returns the batch to wait on before
+// acknowledging them (nil when nothing is on its way to disk) and how many
+// were new here. A change already held is skipped. On an error the changes
+// before it stay applied (and the batch still covers them). from, when
+// this replica also pushes to the sender, learns that the sender holds
+// each change, before it is durable here (so it is never echoed).
+func (s *Server) applyChanges(from *peer, encs [][]byte) (*batch, int, error) {
 	if err := s.failure(); err != nil {
-		return 0, err
+		return nil, 0, err
 	}
 	var (
 		b    *batch
@@ -215,10 +330,7 @@ func (s *Server) mergeChanges(ctx context.Context, from *peer, encs [][]byte) (i
 	if from != nil {
 		s.sync.kick() // what the sender holds (noteHeard) grew
 	}
-	if err := b.wait(ctx); err != nil {
-		return n, err
-	}
-	return n, merr
+	return b, n, merr
 }
 
 // peerStatus answers ReplicationStatus: for each peer, which of hashes it

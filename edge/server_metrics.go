@@ -21,6 +21,10 @@ type serverMetrics struct {
 	watchers  prometheus.Gauge
 	started   *prometheus.CounterVec
 	handled   *prometheus.CounterVec
+	// merged counts, per peer, the pushed changes that were new here (the
+	// rest of aether_edge_sync_changes_received_total were held already,
+	// usually reached through another peer first).
+	merged *prometheus.CounterVec
 }
 
 func newServerMetrics(s *Server) *serverMetrics {
@@ -52,6 +56,10 @@ func newServerMetrics(s *Server) *serverMetrics {
 		handled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "grpc_server_handled_total", Help: "Total number of RPCs completed on the server, regardless of success or failure.",
 		}, []string{"grpc_type", "grpc_service", "grpc_method", "grpc_code"}),
+		merged: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aether_edge_sync_changes_merged_total",
+			Help: "Changes received from the peer that were new here and were merged (the rest were held already).",
+		}, []string{"peer"}),
 	}
 	gauge := func(ns, sub, name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, f)
@@ -62,7 +70,15 @@ func newServerMetrics(s *Server) *serverMetrics {
 		defer s.mu.RUnlock()
 		return float64(s.st.Index())
 	}
-	reg.MustRegister(m.batchSize, m.changes, m.fsync, m.watchers, m.started, m.handled,
+	reg.MustRegister(m.batchSize, m.changes, m.fsync, m.watchers, m.started, m.handled, m.merged,
+		// The DAG's frontier: more than one head means concurrent changes
+		// not yet merged over by a later one (aether_edge_dag_changes,
+		// with the sync metrics, is its size).
+		gauge("aether_edge", "dag", "heads", "Heads of the replica's change DAG (changes no other change here has as parent).", func() float64 {
+			s.mu.RLock()
+			defer s.mu.RUnlock()
+			return float64(len(s.st.Heads()))
+		}),
 		// A replica is always its own leader: etcd's leader metrics say so.
 		gauge("etcd", "server", "has_leader", "Whether or not a leader exists. 1 is existence, 0 is not.", one),
 		gauge("etcd", "server", "is_leader", "Whether or not this member is a leader. 1 if is, 0 otherwise.", one),

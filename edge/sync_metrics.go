@@ -27,6 +27,15 @@ func newSyncMetrics(y *syncer) *syncMetrics {
 	}
 	reg := y.s.reg
 	reg.MustRegister(m.rounds, m.changesSent, m.bytesSent, m.changesRecv, m.bytesRecv, &syncCollector{y: y})
+	// Every peer's series exist from the start, at 0: a rate() over a
+	// counter that appears only at its first increment misses that one.
+	if peers, err := y.s.syncPeers(); err == nil {
+		for _, p := range peers {
+			for _, v := range []*prometheus.CounterVec{m.rounds, m.changesSent, m.bytesSent, m.changesRecv, m.bytesRecv, y.s.metrics.merged} {
+				v.WithLabelValues(p.name)
+			}
+		}
+	}
 	return m
 }
 
