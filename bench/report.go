@@ -38,7 +38,7 @@ const (
 )
 
 // Scenarios lists every scenario group in the order Run runs them.
-var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioPeerWatch}
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioPeerWatch, ScenarioKubernetes}
 
 // selected reports which groups o asks for, or an error naming an unknown one.
 func (o Options) selected() (map[string]bool, error) {
@@ -78,6 +78,7 @@ type Report struct {
 	Edge        *EdgeResult         `json:"edge,omitempty"`
 	EdgeScale   *EdgeScaleResult    `json:"edge_scale,omitempty"`
 	PeerWatch   *PeerWatchResult    `json:"peer_watch,omitempty"`
+	Kubernetes  *KubernetesResult   `json:"kubernetes,omitempty"`
 }
 
 // Run runs the selected scenarios in turn, printing progress to w.
@@ -90,6 +91,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioPeerWatch] {
 		if err := peerWatchPreflight(); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioKubernetes] {
+		if err := kubernetesPreflight(); err != nil {
 			return r, err
 		}
 	}
@@ -147,6 +153,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioPeerWatch] {
 		if err := runPeerWatch(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioKubernetes] {
+		if err := runKubernetes(ctx, o, &r, w); err != nil {
 			return r, err
 		}
 	}
@@ -252,6 +263,9 @@ func (r Report) sections() []section {
 	}
 	if r.PeerWatch != nil {
 		out = append(out, section{peerBeginMark, peerEndMark, r.peerWatchMarkdown})
+	}
+	if r.Kubernetes != nil {
+		out = append(out, section{kubeBeginMark, kubeEndMark, r.kubernetesMarkdown})
 	}
 	return out
 }
