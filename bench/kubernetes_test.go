@@ -72,6 +72,16 @@ func TestKubernetesSection(t *testing.T) {
 	}
 }
 
+// TestKubernetesSectionSmallest: a line crossed at the smallest size is
+// said to be crossed already there.
+func TestKubernetesSectionSmallest(t *testing.T) {
+	r := kubeReport(kubeReport(KubeRun{}).Kubernetes.Runs[2])
+	r.Kubernetes.Runs[2].VisiblePS = 40
+	if md := r.Markdown(); !strings.Contains(md, "**Where it stops being fine: already at 1000 endpoints, the smallest size measured**") {
+		t.Errorf("1k persisting 40/s: no verdict at the smallest size in\n%s", md)
+	}
+}
+
 // TestKubernetesSectionInFile: UpdateFile puts the section in, and a
 // second run replaces it rather than adding another.
 func TestKubernetesSectionInFile(t *testing.T) {
