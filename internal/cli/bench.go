@@ -89,8 +89,8 @@ groups (comma-separated or repeated; default all):
                registered through one (acknowledged/s, visible on the
                other/s), then cross-replica propagation p50/p99 at
                100 changes/s with and without peer-watch, and the API
-               server's CPU and RSS (about 12 minutes). With --quick: 500
-               endpoints, 200 changes.
+               server's CPU and RSS (about 9 minutes). With --quick: 500
+               endpoints, 200 changes (about a minute).
 
 It prints a summary, rewrites the sections of --out (docs/benchmarks.md by
 default; --out "" writes nothing) for the groups it ran, and prints the
