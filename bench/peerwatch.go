@@ -21,6 +21,7 @@ import (
 	"github.com/aethermesh/aether/backend/etcd/embedetcd"
 	"github.com/aethermesh/aether/disruption"
 	"github.com/aethermesh/aether/internal/dynalite"
+	"github.com/aethermesh/aether/internal/kubeapiserver"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/server"
 )
@@ -43,12 +44,13 @@ const peerGoal = 50 * time.Millisecond
 
 // CrossReplicaConfig is one cross-replica propagation run.
 type CrossReplicaConfig struct {
-	Backend   string // server.BackendEtcd or server.BackendDynamoDB
+	Backend   string // server.BackendEtcd, server.BackendDynamoDB or server.BackendKubernetes
 	PeerWatch bool
 	Changes   int           // registrations timed
 	Rate      int           // registrations per second, open loop
 	Endpoint  string        // DynamoDB: the server's URL
 	Batch     time.Duration // --write-batch-interval; 0: the CLI's default for the backend and peer-watch
+	KubeBin   string        // kubernetes: the directory holding kube-apiserver; empty: kubeapiserver.Dir()
 }
 
 // CrossReplicaResult is a cross-replica propagation run: from a
@@ -72,11 +74,13 @@ type PeerWatchResult struct {
 	Load [2]float64 `json:"load"`
 }
 
-// pair is two registrars, A and B, on one store (an embedded etcd or a
-// fresh table at a DynamoDB endpoint).
+// pair is two registrars, A and B, on one store (an embedded etcd, a
+// fresh table at a DynamoDB endpoint, or a kube-apiserver on an embedded
+// etcd).
 type pair struct {
 	dir  string
 	etcd *embedetcd.Server
+	kapi *kubeapiserver.Server // kubernetes: the API server, on etcd
 	regs []*server.Server
 }
 
@@ -106,6 +110,10 @@ func startPair(ctx context.Context, cfg CrossReplicaConfig) (_ *pair, err error)
 			return nil, err
 		}
 		base.Backend, base.DynamoDBTable, base.DynamoDBRegion, base.DynamoDBEndpoint = server.BackendDynamoDB, dc.Table, dc.Region, dc.Endpoint
+	case server.BackendKubernetes:
+		if err := p.startKube(ctx, &base, cfg.KubeBin); err != nil {
+			return nil, err
+		}
 	default:
 		if p.dir, err = os.MkdirTemp("", "aether-bench-"); err != nil {
 			return nil, err
@@ -131,6 +139,9 @@ func (p *pair) close() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		_ = s.Close(ctx)
 		cancel()
+	}
+	if p.kapi != nil { // before its etcd
+		p.kapi.Stop()
 	}
 	if p.etcd != nil {
 		p.etcd.Close()
@@ -167,6 +178,13 @@ func CrossReplica(ctx context.Context, cfg CrossReplicaConfig) (CrossReplicaResu
 		return CrossReplicaResult{}, err
 	}
 	defer p.close()
+	return p.crossReplica(ctx, cfg)
+}
+
+// crossReplica is CrossReplica's measurement on a running pair (which may
+// already hold other services' endpoints: the kubernetes scenario loads
+// it first).
+func (p *pair) crossReplica(ctx context.Context, cfg CrossReplicaConfig) (CrossReplicaResult, error) {
 	a, b := p.regs[0], p.regs[1]
 	if cfg.PeerWatch {
 		if err := peersConnected(ctx, b); err != nil {

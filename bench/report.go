@@ -38,7 +38,7 @@ const (
 )
 
 // Scenarios lists every scenario group in the order Run runs them.
-var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioEdgePartition, ScenarioPeerWatch}
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioEdgePartition, ScenarioPeerWatch, ScenarioKubernetes}
 
 // selected reports which groups o asks for, or an error naming an unknown one.
 func (o Options) selected() (map[string]bool, error) {
@@ -80,6 +80,7 @@ type Report struct {
 	PeerWatch   *PeerWatchResult    `json:"peer_watch,omitempty"`
 	// EdgePartition is nil when the scenario was skipped (not root).
 	EdgePartition *EdgePartitionResult `json:"edge_partition,omitempty"`
+	Kubernetes    *KubernetesResult    `json:"kubernetes,omitempty"`
 }
 
 // Run runs the selected scenarios in turn, printing progress to w.
@@ -92,6 +93,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioPeerWatch] {
 		if err := peerWatchPreflight(); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioKubernetes] {
+		if err := kubernetesPreflight(); err != nil {
 			return r, err
 		}
 	}
@@ -154,6 +160,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioPeerWatch] {
 		if err := runPeerWatch(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioKubernetes] {
+		if err := runKubernetes(ctx, o, &r, w); err != nil {
 			return r, err
 		}
 	}
@@ -262,6 +273,9 @@ func (r Report) sections() []section {
 	}
 	if r.PeerWatch != nil {
 		out = append(out, section{peerBeginMark, peerEndMark, r.peerWatchMarkdown})
+	}
+	if r.Kubernetes != nil {
+		out = append(out, section{kubeBeginMark, kubeEndMark, r.kubernetesMarkdown})
 	}
 	return out
 }

@@ -64,7 +64,6 @@ func openStore(t backendtest.T, srv *kubeapi.Server, ns string, tweak func(*Conf
 	return s
 }
 
-
 // compactAPIServer compacts the API server's etcd at rev as the API
 // server's own compactor does (recording the revision in compact_rev_key,
 // which the API server watches, then compacting), and waits until the

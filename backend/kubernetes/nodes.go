@@ -163,9 +163,9 @@ type reaper struct {
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
 
-	mu     sync.Mutex
-	ended  int64 // leases ended by this replica's reaper
-	swept  int64 // orphaned records removed
+	mu    sync.Mutex
+	ended int64 // leases ended by this replica's reaper
+	swept int64 // orphaned records removed
 }
 
 // counts is how many leases this reaper ended and orphaned records it

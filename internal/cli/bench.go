@@ -82,6 +82,15 @@ groups (comma-separated or repeated; default all):
                battery on DynamoDB poll-only and with peer-watch, and on
                etcd with peer-watch (about 7 minutes). With --quick: 300
                changes per run, the battery's quick form.
+  kubernetes   two registrars on the kubernetes backend (a real
+               kube-apiserver from $AETHER_KUBE_BIN or
+               tools/kubeapiserver/build.sh's cache, on an embedded etcd)
+               against the same load on etcd: 1k and 10k endpoints
+               registered through one (acknowledged/s, visible on the
+               other/s), then cross-replica propagation p50/p99 at
+               100 changes/s with and without peer-watch, and the API
+               server's CPU and RSS (about 9 minutes). With --quick: 500
+               endpoints, 200 changes (about a minute).
 
 It prints a summary, rewrites the sections of --out (docs/benchmarks.md by
 default; --out "" writes nothing) for the groups it ran, and prints the
