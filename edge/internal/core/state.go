@@ -76,6 +76,9 @@ type State struct {
 
 	// dirty are the keys compaction may shorten (Compact).
 	dirty []*keyRec
+	// gcKeys are the records Collect looks at: left without versions and
+	// kept for their winner, or JSON documents holding unstable registers.
+	gcKeys []*keyRec
 
 	leases   map[int64]*leaseRec
 	leaseSeq uint64
@@ -342,6 +345,7 @@ func (s *State) record(c *Change, enc []byte, w *writer) *Applied {
 	}
 	for _, k := range w.tombs {
 		k.win, k.winRepl = c.Stamp, c.Replica
+		s.markGC(k)
 	}
 	if w.unstamped {
 		s.fixStamps(c)
@@ -403,11 +407,15 @@ func (s *State) Compact(rev int64) error {
 		switch {
 		case k.isEmpty():
 			k.dirty = false
-			// A JSON key's document outlives its versions: its
-			// tombstones decide what a late concurrent edit may change.
-			if k.doc == nil {
-				delete(s.keys, string(k.key))
-				s.order.remove(k.key)
+			// The record outlives its versions while its winner (a bytes
+			// key's tombstone) or its document (a JSON key's) may still
+			// decide a late concurrent write: a put concurrent with the
+			// delete would otherwise come back. Collect drops it once
+			// nothing concurrent can arrive.
+			if s.removable(k) {
+				s.dropKey(k)
+			} else {
+				s.markGC(k)
 			}
 		case len(k.gens) > 1 || len(k.gens[0].revs) > 1:
 			next = append(next, k)
