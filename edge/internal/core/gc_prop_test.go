@@ -27,8 +27,8 @@ type gcWorld struct {
 type gcReplica struct {
 	s, ref *State
 	skew   time.Duration
-	log    []*Applied     // every change in the order this replica applied it
-	has    map[Hash]bool  // the test's own record: never collected
+	log    []*Applied      // every change in the order this replica applied it
+	has    map[Hash]bool   // the test's own record: never collected
 	parent map[Hash][]Hash // parents of every change in log
 	// reports are this replica's vectors as it reported them; heard[k] is
 	// how many of replica k's reports this one received (in order).
@@ -457,4 +457,3 @@ func shownCount(v *view) int {
 	}
 	return c
 }
-
