@@ -113,11 +113,42 @@ func TestLateConcurrentPutAfterCompactedDeleteStaysDeleted(t *testing.T) {
 	}
 }
 
-func mustPutAt(t *testing.T, s *State, now time.Time, k, v string) *Applied {
+func mustPutAt(t testing.TB, s *State, now time.Time, k, v string) *Applied {
 	t.Helper()
 	_, a, err := s.Put(now, put(k, v))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return a
+}
+
+// BenchmarkCollect measures one Collect that drops n compacted hashes and
+// n/2 tombstones (a put and a delete per key, compacted past, then all
+// stable): the cost GC adds per collected change.
+func BenchmarkCollect(b *testing.B) {
+	const n = 10000
+	now := time.Unix(1_800_000_000, 0)
+	keys := benchKeys(n / 2)
+	b.ReportAllocs()
+	for range b.N {
+		b.StopTimer()
+		s := New(1)
+		for i, k := range keys {
+			if _, _, err := s.Put(now.Add(time.Duration(2*i)), &pb.PutRequest{Key: k, Value: []byte("v")}); err != nil {
+				b.Fatal(err)
+			}
+			if _, _, err := s.DeleteRange(now.Add(time.Duration(2*i+1)), &pb.DeleteRangeRequest{Key: k}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		mustPutAt(b, s, now.Add(time.Duration(2*n)), "last", "v")
+		if err := s.Compact(s.Rev()); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		st, err := s.Collect(s.Vector())
+		if err != nil || st.Hashes != n || st.Keys != n/2 {
+			b.Fatalf("collected %+v, %v", st, err)
+		}
+	}
 }
