@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,11 +50,14 @@ type EdgeConvergenceConfig struct {
 	Changes    []int // written on each side while cut
 	ValueBytes []int
 	Writers    int // concurrent writers per side; 0: 16
+	// Repeats is how many times each pair runs, each on fresh clusters;
+	// 0: once. The figures are the run with the median convergence time.
+	Repeats int
 	// Poll is the pause between two rounds of HashKV on every replica
 	// after the heal; 0: 5 ms.
 	Poll time.Duration
 	// Timeout is how long after the heal a run may take before it counts
-	// as not converged; 0: 60 s.
+	// as not converged; 0: 5 minutes.
 	Timeout time.Duration
 	// MakeMirror adds etcdctl make-mirror catching up each run's changes
 	// of one side after the same cut.
@@ -66,11 +71,12 @@ type EdgeConvergenceConfig struct {
 }
 
 func (c EdgeConvergenceConfig) writers() int { return cmp0(c.Writers, 16) }
+func (c EdgeConvergenceConfig) repeats() int { return cmp0(c.Repeats, 1) }
 func (c EdgeConvergenceConfig) poll() time.Duration {
 	return time.Duration(cmp0(int(c.Poll), int(5*time.Millisecond)))
 }
 func (c EdgeConvergenceConfig) timeout() time.Duration {
-	return time.Duration(cmp0(int(c.Timeout), int(60*time.Second)))
+	return time.Duration(cmp0(int(c.Timeout), int(5*time.Minute)))
 }
 
 func cmp0(v, def int) int {
@@ -94,7 +100,12 @@ type ConvergenceRun struct {
 	// ConvergeMs is from the heal until the poll that saw every replica
 	// agree; null when they did not within TimeoutSec.
 	ConvergeMs *float64 `json:"convergence_ms"`
-	TimeoutSec float64  `json:"timeout_s"`
+	// Repeats is how many runs the figures are the median of, and
+	// ConvergeMinMs and ConvergeMaxMs the fastest and slowest of them.
+	Repeats       int     `json:"repeats"`
+	ConvergeMinMs float64 `json:"convergence_min_ms,omitempty"`
+	ConvergeMaxMs float64 `json:"convergence_max_ms,omitempty"`
+	TimeoutSec    float64 `json:"timeout_s"`
 	// PollMs and PollRoundMaxMs bound the convergence time's resolution:
 	// agreement happened after the round before the one that saw it began.
 	PollMs         float64 `json:"poll_interval_ms"`
@@ -161,9 +172,9 @@ type EdgeConvergenceResult struct {
 }
 
 func runEdgeConvergence(ctx context.Context, o Options, r *Report, w io.Writer) error {
-	cfg := EdgeConvergenceConfig{Changes: []int{100, 1000, 10000}, ValueBytes: []int{100, 1024, 16384}, MakeMirror: true, AetherBin: o.AetherBin}
+	cfg := EdgeConvergenceConfig{Changes: []int{100, 1000, 10000}, ValueBytes: []int{100, 1024, 16384}, Repeats: 3, MakeMirror: true, AetherBin: o.AetherBin}
 	if o.Quick {
-		cfg.Changes, cfg.ValueBytes, cfg.MakeMirror, cfg.Timeout = []int{100}, []int{100, 16384}, false, 20*time.Second
+		cfg.Changes, cfg.ValueBytes, cfg.Repeats, cfg.MakeMirror, cfg.Timeout = []int{100}, []int{100, 16384}, 1, false, 20*time.Second
 	}
 	fmt.Fprintf(w, "edge-convergence: 3 aether edge replicas, {A} cut from {B,C}, %v changes on each side of %v-byte values, heal, until every HashKV agrees...\n", cfg.Changes, cfg.ValueBytes)
 	res, err := EdgeConvergence(ctx, cfg, w)
@@ -196,7 +207,7 @@ func EdgeConvergence(ctx context.Context, cfg EdgeConvergenceConfig, w io.Writer
 	res.LoadAvgBefore = loadAvg()
 	for _, n := range cfg.Changes {
 		for _, size := range cfg.ValueBytes {
-			run, err := convergenceEdgeOne(ctx, cfg, aether, n, size)
+			run, err := medianRun(cfg.repeats(), func() (ConvergenceRun, error) { return convergenceEdgeOne(ctx, cfg, aether, n, size) })
 			if err != nil {
 				return res, fmt.Errorf("aether edge, %d changes of %d bytes: %w", n, size, err)
 			}
@@ -205,7 +216,7 @@ func EdgeConvergence(ctx context.Context, cfg EdgeConvergenceConfig, w io.Writer
 			if !cfg.MakeMirror {
 				continue
 			}
-			run, err = convergenceMirrorOne(ctx, cfg, etcd, etcdctl, n, size)
+			run, err = medianRun(cfg.repeats(), func() (ConvergenceRun, error) { return convergenceMirrorOne(ctx, cfg, etcd, etcdctl, n, size) })
 			if err != nil {
 				return res, fmt.Errorf("etcd make-mirror, %d changes of %d bytes: %w", n, size, err)
 			}
@@ -215,6 +226,28 @@ func EdgeConvergence(ctx context.Context, cfg EdgeConvergenceConfig, w io.Writer
 	}
 	res.LoadAvgAfter = loadAvg()
 	return res, nil
+}
+
+// medianRun runs one up to repeats times and returns the run with the
+// median convergence time, with the range; a run that does not converge
+// ends the repeats and is the figure, so no median hides it.
+func medianRun(repeats int, one func() (ConvergenceRun, error)) (ConvergenceRun, error) {
+	var runs []ConvergenceRun
+	for range repeats {
+		r, err := one()
+		if err != nil {
+			return r, err
+		}
+		runs = append(runs, r)
+		if !r.Converged() {
+			r.Repeats = len(runs)
+			return r, nil
+		}
+	}
+	slices.SortFunc(runs, func(a, b ConvergenceRun) int { return cmp.Compare(*a.ConvergeMs, *b.ConvergeMs) })
+	med := runs[len(runs)/2]
+	med.Repeats, med.ConvergeMinMs, med.ConvergeMaxMs = len(runs), *runs[0].ConvergeMs, *runs[len(runs)-1].ConvergeMs
+	return med, nil
 }
 
 // convValues returns the value of each side's i-th change: random bytes
@@ -441,10 +474,10 @@ func convergenceEdgeOne(ctx context.Context, cfg EdgeConvergenceConfig, bin stri
 	}
 	// B's writes reach C while cut, so what the heal starts is the merge
 	// of the two sides alone.
-	if _, _, last, ok, err := untilSameHash(ctx, clis[1:], c.clients[1:], cfg.poll(), 60*time.Second); err != nil {
+	if _, _, last, ok, err := untilSameHash(ctx, clis[1:], c.clients[1:], cfg.poll(), 5*time.Minute); err != nil {
 		return run, fmt.Errorf("B and C while cut: %w", err)
 	} else if !ok {
-		return run, fmt.Errorf("B and C did not agree 60 s after the writes while cut: %s", last)
+		return run, fmt.Errorf("B and C did not agree 5 minutes after the writes while cut: %s", last)
 	}
 	// The cut is real: A holds none of B's writes.
 	hs, err := hashes(ctx, clis[:2], c.clients[:2])
@@ -477,7 +510,7 @@ func convergenceEdgeOne(ctx context.Context, cfg EdgeConvergenceConfig, bin stri
 		// Count what it took until every replica acknowledged everything,
 		// not only what had been sent when the hashes first agreed:
 		// duplicates still in flight then are a cost of the merge too.
-		if err := untilSynced(ctx, c.clients, 30*time.Second); err != nil {
+		if err := untilSynced(ctx, c.clients, 2*time.Minute); err != nil {
 			return run, err
 		}
 	} else {
@@ -522,10 +555,13 @@ func hashes(ctx context.Context, clis []*clientv3.Client, eps []string) ([]uint3
 	return out, errors.Join(errs...)
 }
 
-// untilSameHash polls HashKV on every member, a round every poll, until
-// one round sees them all agree (ok), or timeout passes (not ok, with the
-// last round's hashes). d is from the call until the end of the round
-// that saw agreement; round is the longest round.
+// untilSameHash polls HashKV on every member until one round sees them all
+// agree (ok), or timeout passes (not ok, with the last round's hashes). d
+// is from the call until the end of the round that saw agreement; round is
+// the longest round. The pause between rounds is poll, or the last round's
+// length if longer: hashing a large key space is work for the replicas
+// (CRC over every value), and back-to-back rounds would slow the merge
+// being timed; this way polling takes at most half their time.
 func untilSameHash(ctx context.Context, clis []*clientv3.Client, eps []string, poll, timeout time.Duration) (d, round time.Duration, last string, ok bool, err error) {
 	start := time.Now()
 	for {
@@ -548,7 +584,7 @@ func untilSameHash(ctx context.Context, clis []*clientv3.Client, eps []string, p
 		if time.Since(start) > timeout {
 			return 0, round, last, false, nil
 		}
-		if !sleepCtx(ctx, poll) {
+		if !sleepCtx(ctx, max(poll, time.Since(rs))) {
 			return 0, round, last, false, ctx.Err()
 		}
 	}
@@ -932,11 +968,15 @@ func (r Report) edgeConvergenceMarkdown(b *strings.Builder) {
 	fmt.Fprintf(b, "Issue 16's convergence benchmark. Each run is a fresh cluster of 3 aether edge replicas A, B, C, processes on this machine, data in the system temporary directory. "+
 		"Every member-to-member link is a fault proxy of its own (`internal/faultproxy`, user space, no root): a member's peer URL is a router of the harness that tells which member dialled each connection (the dialling socket's owner, from `/proc`) and splices it to that directed link's proxy, counting the bytes. "+
 		"A is cut from {B, C} (the four links between them blackholed: nothing forwarded either way, nothing closed, as in a partition); then N puts go to A and N to B at once, %d writers each, the same N keys (`%s` and 7 digits, 12 bytes) on both sides with different random values, so every key conflicts; B's reach C while cut; the harness checks A and B disagree (the cut is real), and heals. "+
-		"*Convergence* is from the heal until a round of HashKV (the etcd Maintenance API; aether edge's hashes the key space without revisions) on all three replicas finds them equal, then checked: each holds N keys. Rounds are %.0f ms apart; a round took at most the time shown, so the figure is late by at most the pause plus a round. "+
-		"*Sync* figures span from before the cut until every replica has acknowledged everything (every `aether_edge_sync_lag_changes` 0): *changes sent* and *push bytes* from the replicas' `aether_edge_sync_changes_sent_total` and `aether_edge_sync_bytes_sent_total` (every replica, every peer; each of the 2N changes must be sent at least twice, to the two replicas that lack it), *wire bytes* all the routers carried both ways (gRPC, HTTP/2, acks, probes) per change written and replica that lacked it.\n\n",
+		"*Convergence* is from the heal until a round of HashKV (the etcd Maintenance API; aether edge's hashes the key space without revisions) on all three replicas finds them equal, then checked: each holds N keys. A round asks all three at once; the pause between rounds is %.0f ms, or the last round's length if longer (hashing is CRC over every value: back-to-back rounds would slow the merge being timed), so the figure is late by at most a pause plus a round (*poll round max*). "+
+		"*Sync* figures span from before the cut until every replica has acknowledged everything (every `aether_edge_sync_lag_changes` 0): *changes sent* and *push bytes* from the replicas' `aether_edge_sync_changes_sent_total` and `aether_edge_sync_bytes_sent_total` (every replica, every peer; each of the 2N changes must be sent at least twice, to the two replicas that lack it), *wire bytes* all the routers carried both ways (gRPC, HTTP/2, acks, probes) per change written and replica that lacked it. "+
+		"A cut longer than the peers' gRPC keepalive (a ping after 10 s, 5 s for its answer) ends their streams; after the heal each replica reconnects (backoff up to 1 s) and starts again from the peer's vector, and what a sender had handed to a stream that died counts as pushed without crossing: push bytes can then exceed wire bytes.\n\n",
 		e.Writers, convPrefix, e.pollMs())
 	if e.EtcdVersion != "" {
-		b.WriteString("The etcd peer: etcd has no partition merge, so the comparison is the repository's replication tool for etcd, `etcdctl make-mirror` (as in the replication scenario: supervised, restarted a second after it exits), from a source etcd into a destination etcd through a fault proxy and router like the above, catching up the same N puts on one side after the same cut: *convergence* is until the destination holds all N keys (polled like the hashes), *wire bytes* are of the mirror's link to the destination.\n\n")
+		b.WriteString("The etcd peer: etcd has no partition merge, so the comparison is the repository's replication tool for etcd, `etcdctl make-mirror` (as in the replication scenario: supervised, restarted a second after it exits), from a source etcd into a destination etcd through a fault proxy and router like the above, catching up the same N puts on one side after the same cut: *convergence* is until the destination holds all N keys (polled like the hashes), *wire bytes* are of the mirror's link to the destination. It moves N changes to one receiver where the edge merges 2N, each to two receivers.\n\n")
+	}
+	if r := e.repeats(); r > 1 {
+		fmt.Fprintf(b, "Each row ran %d times, each time on fresh processes; its figures are those of the run with the median convergence time, the fastest and slowest in brackets (a run that does not converge stops the repeats and is the row).\n\n", r)
 	}
 	if e.LoadAvgBefore > 0 {
 		fmt.Fprintf(b, "The machine's 1-minute load average was %.2f before and %.2f after (%d cores).\n\n", e.LoadAvgBefore, e.LoadAvgAfter, runtime.NumCPU())
@@ -946,6 +986,9 @@ func (r Report) edgeConvergenceMarkdown(b *strings.Builder) {
 		conv := fmt.Sprintf("**not converged** within %.0f s", run.TimeoutSec)
 		if run.Converged() {
 			conv = fmt.Sprintf("%.0f ms", *run.ConvergeMs)
+			if run.Repeats > 1 {
+				conv += fmt.Sprintf(" (%.0f–%.0f)", run.ConvergeMinMs, run.ConvergeMaxMs)
+			}
 		}
 		sent, push, over := "n/a", "n/a", "n/a"
 		if run.ChangesSent > 0 {
@@ -955,6 +998,17 @@ func (r Report) edgeConvergenceMarkdown(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "| %s | %d | %s | %.1f s | %s | %.1f ms | %s | %s | %s | %.0f B |\n",
 			run.Server, run.Changes, sizeName(run.ValueBytes), run.CutSec, conv, run.PollRoundMaxMs, sent, push, over, run.WirePerDelivery())
+	}
+	if e.EtcdVersion != "" {
+		restarts := 0
+		for _, run := range e.Runs {
+			restarts += run.MirrorRestarts
+		}
+		if restarts == 0 {
+			b.WriteString("\nmake-mirror did not exit in any run.\n")
+		} else {
+			fmt.Fprintf(b, "\nmake-mirror exited and was restarted %d times over the runs (each restart copies the prefix again before watching).\n", restarts)
+		}
 	}
 	var notConv []string
 	for _, run := range e.Runs {
@@ -975,6 +1029,14 @@ func (e *EdgeConvergenceResult) pollMs() float64 {
 		return r.PollMs
 	}
 	return 0
+}
+
+func (e *EdgeConvergenceResult) repeats() int {
+	n := 0
+	for _, r := range e.Runs {
+		n = max(n, r.Repeats)
+	}
+	return n
 }
 
 func sizeName(n int) string {

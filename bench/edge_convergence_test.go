@@ -122,3 +122,25 @@ func TestConvergenceSection(t *testing.T) {
 		t.Errorf("converged runs rendered as not converged:\n%s", md)
 	}
 }
+
+// TestMedianRun: the median run is the figure, with the range; a run that
+// does not converge stops the repeats and is the figure.
+func TestMedianRun(t *testing.T) {
+	at := func(v float64) *float64 { return &v }
+	seq := func(runs ...ConvergenceRun) func() (ConvergenceRun, error) {
+		i := 0
+		return func() (ConvergenceRun, error) { i++; return runs[i-1], nil }
+	}
+	r, err := medianRun(3, seq(ConvergenceRun{ConvergeMs: at(30), WireBytes: 3}, ConvergenceRun{ConvergeMs: at(10), WireBytes: 1}, ConvergenceRun{ConvergeMs: at(20), WireBytes: 2}))
+	if err != nil || *r.ConvergeMs != 20 || r.WireBytes != 2 || r.Repeats != 3 || r.ConvergeMinMs != 10 || r.ConvergeMaxMs != 30 {
+		t.Errorf("median of 30, 10, 20 ms: %+v, %v", r, err)
+	}
+	r, err = medianRun(3, seq(ConvergenceRun{ConvergeMs: at(10)}, ConvergenceRun{NotConverged: "x"}, ConvergenceRun{ConvergeMs: at(20)}))
+	if err != nil || r.Converged() || r.NotConverged != "x" || r.Repeats != 2 {
+		t.Errorf("a run that did not converge: %+v, %v", r, err)
+	}
+	md := (Report{EdgeConvergence: &EdgeConvergenceResult{Runs: []ConvergenceRun{{Server: "aether edge", Changes: 1, Sides: 2, Receivers: 2, ValueBytes: 100, ConvergeMs: at(20), Repeats: 3, ConvergeMinMs: 10, ConvergeMaxMs: 30}}}}).Markdown()
+	if !strings.Contains(md, "| 20 ms (10–30) |") || !strings.Contains(md, "Each row ran 3 times") {
+		t.Errorf("range not rendered:\n%s", md)
+	}
+}
