@@ -230,6 +230,25 @@ func (w *twinWorld) collect() error {
 	})
 }
 
+// transfer merges a peer's TransferSnapshot into replica 1 and its twins
+// (a re-bootstrap); the other peer first gets the peer's changes, as the
+// changes replica 1 makes next name the peer's heads.
+func (w *twinWorld) transfer() error {
+	i := w.pick.r.IntN(2)
+	p, q := w.peers[i], w.peers[1-i]
+	if err := w.send(p, q); err != nil {
+		return err
+	}
+	b := p.s.TransferSnapshot()
+	return w.all("merge snapshot", func(s *State) string {
+		ap, err := s.MergeSnapshot(w.now, b)
+		if err != nil {
+			return err.Error()
+		}
+		return fmt.Sprintf("rev %d events %v", ap.Rev, ap.Events)
+	})
+}
+
 // send merges the changes of from that to lacks into to (not replica 1).
 func (w *twinWorld) send(from, to *replica) error {
 	for _, ap := range from.log {
@@ -301,6 +320,8 @@ func (w *twinWorld) run(t *testing.T, steps int) error {
 			}
 		case k < 98:
 			err = w.collect()
+		case k < 99:
+			err = w.transfer()
 		case t != nil:
 			err = w.snapshot(t)
 		}
