@@ -130,13 +130,9 @@ func (s *State) Snapshot() []byte {
 	for _, h := range s.revHash {
 		b = append(b, h[:]...)
 	}
-	inIdx := make(map[Hash]bool, len(s.idxHash))
-	for _, h := range s.idxHash {
-		inIdx[h] = true
-	}
 	var extra []Hash
-	for h := range s.known {
-		if !inIdx[h] {
+	for h, at := range s.known {
+		if at.index < s.idxBase || at.index > s.index || s.idxHash[at.index-s.idxBase] != h {
 			extra = append(extra, h)
 		}
 	}
@@ -450,7 +446,7 @@ func decodeSnapshot(id ReplicaID, b []byte) (*State, error) {
 	}
 	nidx := s.index - s.idxBase + 1
 	nrev := uint64(s.rev - s.revBase + 1)
-	if nidx*41+nrev*32 > uint64(len(d.b)) {
+	if nidx > uint64(len(d.b)/41) || nrev > uint64(len(d.b)/32) || nidx*41+nrev*32 > uint64(len(d.b)) {
 		return nil, fmt.Errorf("%d indexes and %d revisions mapped: %w", nidx, nrev, errShort)
 	}
 	s.idxHash = make([]Hash, nidx)
