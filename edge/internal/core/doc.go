@@ -42,7 +42,8 @@
 // (part 2) gets this replica's next revision, never one in the past.
 // Revision <-> hash and index <-> hash are kept for every change since the
 // last compaction (from the change that made the compaction revision on):
-// like the values, the bookkeeping of history is bounded by compaction.
+// like the values, the bookkeeping of history is bounded by compaction,
+// and the hashes compaction keeps as applied by Collect.
 //
 // # Clock
 //
@@ -76,15 +77,75 @@
 //     together against the winner before the change.
 //
 // Merge implements the rule (and Replay re-decides merged changes the same
-// way, in the same order, so recovery is exact). Open for part 2: a
-// compaction removes a key whose only version is a tombstone, and with it
-// the tombstone's stamp, so a put concurrent with that delete, arriving
-// after the compaction, would come back (tombstones need causal stability
-// before they go); compaction drops old changes' revision and index
-// maps, but their hashes stay known as applied (parents and duplicates for
-// Merge) until GC of causally stable changes; a
-// revoke merged in deletes the keys its granter saw attached, not keys
-// attached here concurrently.
+// way, in the same order, so recovery is exact). Open: a revoke merged in
+// deletes the keys its granter saw attached, not keys attached here
+// concurrently.
+//
+// # Chains
+//
+// A replica's changes form a chain: each is causally after the one before
+// (its author had that one applied, so its heads descend from it), hence
+// every replica applies them in chain order and with strictly increasing
+// stamps. The state counts, per replica, the changes of its chain applied
+// (Vector: the sync log's seq numbering, the k-th change of a replica has
+// seq k), keeps the stamp of the last (a change at or before it is a
+// duplicate, whether or not its hash is still kept) and the stamps of the
+// changes not yet collected (StampOf), which turn a stable vector into
+// stamp bounds.
+//
+// # Causal stability
+//
+// A change c is causally stable at replica i when every change i will
+// receive from now on is causally after c. Then nothing concurrent with c
+// can still arrive: a tombstone or winner that c decided can no longer be
+// beaten by a late write, and no later change names as a parent any change
+// c descends from except through c's descendants. The sync layer computes
+// the stable point and hands it to Collect: per member k, the newest
+// durable vector V_k that k reported and that is usable at i (V_k[k] <=
+// i's count of k: i holds every change k had authored when it reported,
+// and every later change of k is authored after k held V_k, hence
+// causally after all of V_k); stable_i = i's durable vector ∧ the
+// elementwise min of the usable V_k over every member that holds GC (one
+// never heard from counts as zero). Every change still to come is
+// authored by some member k, either already applied at i or authored
+// after V_k, so it is causally after everything in stable_i: the min is
+// what makes that hold for every author at once. stable_i is a prefix per
+// chain (causally closed) and never ahead of Vector.
+//
+// A member past --peer-retention stops holding GC back (the sync layer's
+// choice, as Cassandra's gc_grace_seconds): writes it made while away,
+// concurrent with a delete that was collected meanwhile, may resurrect the
+// key when it returns.
+//
+// Collect(stable) drops what stability makes irrelevant; a winner or JSON
+// register (stamp, r) is stable iff stamp <= the stamp of r's stable[r]-th
+// change:
+//
+//   - the hashes compaction dropped from the revision and index maps but
+//     kept as applied (forgotten, for Merge's parent check) of changes
+//     (r, seq) with seq < stable[r]: each member held r's stable[r]-th
+//     change, a descendant of them, so none of them was a head of any
+//     author since, and no later change names them; the stable[r]-th
+//     itself may still be a head and stays;
+//   - key records with no version left (compaction keeps a bytes key
+//     whose last version was a tombstone, so a put concurrent with the
+//     delete arriving after the compaction loses to the kept winner)
+//     whose winner is stable: every later write on the key is causally
+//     after the winner, so it has a larger stamp and wins with the record
+//     or without it;
+//   - in JSON documents, the assignments that only hid, or would have
+//     hidden, assignments that can no longer arrive (merge_json.go's
+//     deleted fields, assignments replaced under a later clear, whole
+//     deleted documents), when every register involved is stable: every
+//     later assignment is after them, so what a document shows, now and
+//     after any later join, is unchanged.
+//
+// What Collect decided also holds for what compaction drops afterwards, so
+// compaction and collection commute: replaying the log, compacting at the
+// stored compaction revision and collecting at Collected() rebuilds the
+// state. (A JSON key's Winner is informational, the registers decide its
+// merges: it is not kept for GC.) Tombstones and Forgotten are the metrics
+// of what is still kept.
 //
 // # Structured values
 //
@@ -117,9 +178,14 @@
 //   - Restart: New, Replay every stored change in index order, Compact at
 //     the stored compaction revision if one was stored, then
 //     PromoteLeases(now). CompactRev is -1 until the first compaction.
+//     Collect is not a change and is not logged: a restarted replica
+//     holds more until the sync layer's next Collect (or the shell's,
+//     at a stable point it stored), which answers exactly the same.
 //   - History is kept in memory until compacted (etcd keeps it on disk):
 //     the shell should compact (etcd's --auto-compaction-*), or memory
-//     grows with every write.
+//     grows with every write; and deleted keys' records, compacted
+//     changes' hashes and the chains' stamps until Collect (the sync
+//     layer's GC), or memory grows with every delete and every change.
 //
 // The state keeps the byte slices of the requests it applies (keys and
 // values are not copied), and the events and responses it returns share

@@ -171,11 +171,13 @@ func (s *State) Collect(stable map[ReplicaID]uint64) (CollectStats, error) {
 			return st, fmt.Errorf("core: collect: stable count %d of replica %d is past the %d applied here", n, r, have)
 		}
 	}
+	advanced := false
 	for r, n := range stable {
 		ch := s.chains[r]
 		if n <= ch.stable {
 			continue
 		}
+		advanced = true
 		ch.stable = n
 		ch.stamps = slices.Clone(ch.stamps[n-ch.base:])
 		ch.base = n
@@ -189,6 +191,13 @@ func (s *State) Collect(stable map[ReplicaID]uint64) (CollectStats, error) {
 			ch.gone = slices.Clone(ch.gone[i:])
 		}
 	}
+	if !advanced && !s.gcTouched {
+		// Nothing became stable and no listed record changed since the
+		// last walk: it would find what it found then (the shell may call
+		// Collect on every tick).
+		return st, nil
+	}
+	s.gcTouched = false
 	pending := s.gcKeys[:0]
 	for _, k := range s.gcKeys {
 		if s.keys[string(k.key)] != k {
@@ -252,14 +261,21 @@ func (s *State) Tombstones() int {
 // finds them stable (the DAG-size metric).
 func (s *State) Forgotten() int { return len(s.forgotten) }
 
-// stableAt reports whether the change of r stamped stamp is causally
-// stable as Collect was told. The zero winner (nothing decided) is.
+// Stable reports whether r's change stamped stamp is causally stable as
+// far as Collect was told (the sync layer's answer for a change whose
+// hash Collect dropped: ChainPos no longer knows it).
+func (s *State) Stable(r ReplicaID, stamp HLC) bool {
+	ch := s.chains[r]
+	return ch != nil && ch.stable > 0 && stamp.Compare(ch.stamps[0]) <= 0
+}
+
+// stableAt is Stable for a winner; the zero winner (nothing decided) is
+// stable.
 func (s *State) stableAt(stamp HLC, r ReplicaID) bool {
 	if stamp == (HLC{}) && r == 0 {
 		return true
 	}
-	ch := s.chains[r]
-	return ch != nil && ch.stable > 0 && stamp.Compare(ch.stamps[0]) <= 0
+	return s.Stable(r, stamp)
 }
 
 func (s *State) regStable(g jreg) bool {
@@ -280,6 +296,7 @@ func (s *State) removable(k *keyRec) bool {
 // markGC lists k for Collect: a record left without versions, or a JSON
 // document that holds unstable registers.
 func (s *State) markGC(k *keyRec) {
+	s.gcTouched = true
 	if !k.gc {
 		k.gc = true
 		s.gcKeys = append(s.gcKeys, k)

@@ -15,7 +15,8 @@ var ErrMissingParents = errors.New("core: merge: parents not applied here")
 
 // Merge applies a change made by another replica (part 2's sync; here so
 // the data model is proven to merge). It is idempotent: a change already
-// applied returns nil, nil. The conflict rule (package doc) decides each
+// applied (one at or before its author's last applied stamp, its hash
+// collected or not) returns nil, nil. The conflict rule (package doc) decides each
 // put and delete against the key's winner; the change gets this replica's
 // next index, and its next revision if any op took effect. Lease grants
 // of other replicas never expire here (their granter expires them, with a

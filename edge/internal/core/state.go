@@ -79,6 +79,9 @@ type State struct {
 	// gcKeys are the records Collect looks at: left without versions and
 	// kept for their winner, or JSON documents holding unstable registers.
 	gcKeys []*keyRec
+	// gcTouched says a record was listed or changed since Collect's
+	// last walk of gcKeys.
+	gcTouched bool
 
 	leases   map[int64]*leaseRec
 	leaseSeq uint64
