@@ -31,6 +31,7 @@ package core
 //	int64    clock wall; uint32 clock logical
 //	int64    rev; int64 compact rev (-1: none; 0 and 1 compact nothing)
 //	uvarint  index; uvarint lease sequence
+//	byte     1 when a record Collect looks at changed since its last walk, else 0
 //	uvarint  number of heads, then each head's 32 bytes, sorted, distinct
 //	uvarint  number of chains, then per replica in id order: uint64 id;
 //	         uvarint count n; uvarint stable count; the stamps (HLC) of
@@ -97,6 +98,11 @@ func (s *State) Snapshot() []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(s.compactRev))
 	b = binary.AppendUvarint(b, s.index)
 	b = binary.AppendUvarint(b, s.leaseSeq)
+	if s.gcTouched {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
 	b = appendHashes(b, s.heads)
 
 	repls := make([]ReplicaID, 0, len(s.chains))
@@ -417,6 +423,13 @@ func decodeSnapshot(id ReplicaID, b []byte) (*State, error) {
 	s.compactRev = d.i64()
 	s.index = d.uvarint()
 	s.leaseSeq = d.uvarint()
+	switch d.byte1() {
+	case 0:
+	case 1:
+		s.gcTouched = true
+	default:
+		d.fail("bad state flags")
+	}
 	if d.err != nil {
 		return nil, d.err
 	}

@@ -468,6 +468,7 @@ func (s *State) MergeSnapshot(now time.Time, b []byte) (*Applied, error) {
 	}
 	s.pruneMergeRevs()
 	s.mergeChains(t)
+	s.gcTouched = true // the stable points may have moved: Collect walks again
 	s.heads = heads
 	if t.clock.Compare(s.clock) > 0 {
 		s.clock = t.clock
