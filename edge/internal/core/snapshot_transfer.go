@@ -336,7 +336,9 @@ func decodeTransfer(b []byte) (*transfer, error) {
 // visibly gets ONE new revision: Applied.Rev (0 when nothing did) and
 // Applied.Events, in key order, PrevKv filled as for a change. It is not a
 // change: Applied.Encoded, ID and Change are unset and Index is 0 (the
-// index does not move). A transfer that does not decode, or that holds
+// index does not move). HashOfRevision of that revision answers a hash
+// no change has (RevisionOf maps it back; ChainPos places it in no
+// chain, replica 0). A transfer that does not decode, or that holds
 // changes of this replica it lacks (it lost its log: rejoin under a new
 // id), is refused and changes nothing. now is unused: merged leases of
 // other replicas keep no expiry here, as with Merge.
