@@ -560,6 +560,9 @@ func FuzzRestore(f *testing.F) {
 			_, _, _ = s.LeaseRevoke(now, id)
 		}
 		_ = s.Compact(s.Rev())
+		other := New(2)
+		other.SetValueMerge(snapVM)
+		_, _ = other.MergeSnapshot(now, s.TransferSnapshot())
 		if _, err := Restore(1, s.Snapshot()); err != nil {
 			t.Fatalf("a restored state, used, does not restore: %v", err)
 		}
