@@ -116,7 +116,16 @@ func (s *State) forget(h Hash, at changeAt) {
 		return
 	}
 	s.forgotten[h] = chainPos{repl: at.repl, seq: at.seq}
-	ch.gone = append(ch.gone, goneRef{seq: at.seq, id: h})
+	g := goneRef{seq: at.seq, id: h}
+	if n := len(ch.gone); n == 0 || ch.gone[n-1].seq < at.seq {
+		ch.gone = append(ch.gone, g) // compaction forgets in index order
+		return
+	}
+	// A snapshot merge booked later changes of the chain before this
+	// one, which was known here then: keep the chain order Collect
+	// relies on.
+	i, _ := slices.BinarySearchFunc(ch.gone, at.seq, func(r goneRef, seq uint64) int { return cmpInt(r.seq, seq) })
+	ch.gone = slices.Insert(ch.gone, i, g)
 }
 
 // CollectStats is what one Collect dropped.

@@ -353,6 +353,11 @@ func (s *State) record(c *Change, enc []byte, w *writer) *Applied {
 	if w.unstamped {
 		s.fixStamps(c)
 	}
+	for _, op := range c.Ops {
+		if l := s.leases[op.Lease]; op.Kind == OpLeaseGrant && l != nil && l.stamp == (HLC{}) {
+			l.stamp = c.Stamp
+		}
+	}
 	s.known[id] = changeAt{index: s.index, rev: a.Rev, repl: c.Replica, seq: s.appendChain(c)}
 	s.advanceHeads(c.Parents, id)
 	if c.Stamp.Compare(s.clock) > 0 {
