@@ -138,7 +138,11 @@ func (h *pushServer) Push(stream edgesyncv1.EdgeSync_PushServer) error {
 		s.log.Warn("refusing a peer's sync stream", "peer", name, "err", err)
 		return err
 	}
-	if err := stream.Send(&edgesyncv1.Ack{MemberId: s.memberID, Vector: y.log.durableVector().proto()}); err != nil {
+	// The GC point tells a sender holding less that its changes may name
+	// parents collected here (snapshot_transfer.go).
+	hack := &edgesyncv1.Ack{MemberId: s.memberID, Vector: y.log.durableVector().proto(),
+		Members: y.stab.relay(s.now()), GcPoint: y.collectPoint().proto()}
+	if err := stream.Send(hack); err != nil {
 		return err
 	}
 	return h.receive(stream, name, y.byID[hello.GetMemberId()])
@@ -183,6 +187,7 @@ func (h *pushServer) receive(stream edgesyncv1.EdgeSync_PushServer, name string,
 		cancel()
 		wg.Wait()
 	}()
+	var snap snapshotBuf
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -198,12 +203,37 @@ func (h *pushServer) receive(stream edgesyncv1.EdgeSync_PushServer, name string,
 			return err
 		default:
 		}
-		y.metrics.changesRecv.WithLabelValues(name).Add(float64(len(req.GetChanges())))
 		y.metrics.bytesRecv.WithLabelValues(name).Add(float64(proto.Size(req)))
+		if c := req.GetSnapshot(); c != nil {
+			b, last, err := snap.add(c)
+			if err != nil {
+				return err
+			}
+			if !last {
+				continue
+			}
+			if err := s.mergeTransfer(ctx, name, from, b, vectorOf(c.GetVector())); err != nil {
+				s.log.Warn("merging a snapshot from a peer failed", "peer", name, "err", err)
+				return togRPC(err)
+			}
+			// Durable already: the ack follows those queued before it.
+			select {
+			case queue <- pending{probe: req.GetProbe()}:
+			case err := <-ackErr:
+				return err
+			}
+			continue
+		}
+		y.metrics.changesRecv.WithLabelValues(name).Add(float64(len(req.GetChanges())))
 		b, n, err := s.applyChanges(from, req.GetChanges())
 		if err != nil {
 			s.log.Warn("merging changes from a peer failed", "peer", name, "merged", n, "err", err)
 			if errors.Is(err, core.ErrMissingParents) {
+				if y.collectPoint().sum() > 0 {
+					// The parents may be hashes collected here: the
+					// sender is to send a snapshot (snapshot_transfer.go).
+					return status.Errorf(codes.OutOfRange, "edgesync: %v; this replica collected history below its GC point", err)
+				}
 				return status.Errorf(codes.FailedPrecondition, "edgesync: %v", err)
 			}
 			return togRPC(err)
@@ -254,11 +284,12 @@ func (h *pushServer) ack(ctx context.Context, stream edgesyncv1.EdgeSync_PushSer
 			}
 		}
 		vec := h.y.log.durableVector().proto()
+		members := h.y.stab.relay(s.now())
 		if len(probes) == 0 {
 			probes = []uint64{0}
 		}
 		for i, id := range probes {
-			a := &edgesyncv1.Ack{MemberId: s.memberID, Vector: vec, Probe: id}
+			a := &edgesyncv1.Ack{MemberId: s.memberID, Vector: vec, Probe: id, Members: members}
 			if i == 0 {
 				a.Applied = uint64(applied)
 			}

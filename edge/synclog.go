@@ -24,6 +24,21 @@ func (v vector) clone() vector {
 	return out
 }
 
+// sum is how many changes v counts.
+func (v vector) sum() uint64 {
+	var n uint64
+	for _, c := range v {
+		n += c
+	}
+	return n
+}
+
+// equal reports whether v and o count the same changes (a missing entry
+// is zero).
+func (v vector) equal(o vector) bool {
+	return v.lacks(o) == 0 && o.lacks(v) == 0
+}
+
 // lacks is how many changes v holds that o does not (replication lag in
 // changes when v is this replica's and o a peer's).
 func (v vector) lacks(o vector) uint64 {
@@ -84,9 +99,13 @@ type logEntry struct {
 // before a crash could no longer take it back.
 //
 // GC (gc.go) cuts the log's prefix below the stable point, what every
-// peer holds: trimmed counts, per replica, the changes of its chain no
+// member holds: trimmed counts, per replica, the changes of its chain no
 // longer here (always a prefix of the chain), and a peer whose vector is
-// below it cannot be caught up from the log (errBehindGC).
+// below it cannot be caught up from the log (errBehindGC): it gets a
+// snapshot instead (snapshot_transfer.go). A merged snapshot raises
+// trimmed too (absorb): the changes it stood for were never in this log,
+// and those of the log it covers become placeholders (enc nil), never
+// sent, dropped by the next trim.
 type syncLog struct {
 	mu      sync.Mutex
 	base    uint64 // index of entries[0]
@@ -101,11 +120,17 @@ type syncLog struct {
 	// trimmed is, per replica, how many of its changes GC dropped from
 	// entries: the first trimmed[r] of r's chain.
 	trimmed vector
-	// gone keeps the place of each trimmed change, so position (the
-	// receiver's duplicate check, ReplicationStatus, WaitReplicated) still
-	// answers for it. A hash and two integers per change instead of the
-	// encoding; like the core's forgotten set it is bounded only by DAG GC
-	// (not done yet).
+	// gone keeps the place of the trimmed changes the core still knows by
+	// hash: only, per replica, the one at the stable point (trim), since
+	// core.Collect forgets the hashes below it (gc.go) and keeps that one
+	// while it may be a head. So position (the receiver's duplicate check,
+	// ReplicationStatus, WaitReplicated) answers for the changes in the log
+	// and for the heads a client asks about after its writes, and gone
+	// holds at most one hash per replica. A hash collected is answered as
+	// unknown: ReplicationStatus reports it held by no peer and
+	// WaitReplicated NotFound; it is older than what every member holding
+	// GC reported holding (the receiver's duplicate check falls back on
+	// the core's, by stamp).
 	gone map[core.Hash]chainPos
 	// changed is closed (and replaced) whenever durable advances.
 	changed chan struct{}
@@ -313,6 +338,13 @@ func (l *syncLog) newCursor(pv vector) (*cursor, error) {
 // refuses it loudly instead (gc.go).
 var errBehindGC = errors.New("edge: peer is behind this replica's GC point")
 
+// behindErr is behind for a caller not holding l.mu.
+func (l *syncLog) behindErr(v vector) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.behind(v)
+}
+
 // behind reports, for what a peer holds (v), whether it lacks a trimmed
 // change. The caller holds l.mu.
 func (l *syncLog) behind(v vector) error {
@@ -362,6 +394,11 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 			c.next++
 			continue
 		}
+		if e.enc == nil {
+			// A change a merged snapshot stood for (absorb): the peer
+			// needs one too.
+			return nil, nil, fmt.Errorf("%w: it lacks change %d of replica %x, which came here in a snapshot", errBehindGC, e.seq, uint64(e.replica))
+		}
 		if len(out) > 0 && size+len(e.enc) > maxBytes {
 			break
 		}
@@ -383,13 +420,19 @@ func (l *syncLog) trim(stable vector) int {
 	k := 0
 	for k < len(l.entries) && l.base+uint64(k) <= l.durable {
 		e := &l.entries[k]
-		if e.seq > stable[e.replica] {
+		// A placeholder (absorb) stands for nothing to send.
+		if e.enc != nil && e.seq > stable[e.replica] {
 			break
 		}
 		k++
 	}
 	for i := 0; i < k; i++ {
 		e := &l.entries[i]
+		if e.enc == nil {
+			// Counted in trimmed, and out of byHash and chains, by absorb.
+			*e = logEntry{}
+			continue
+		}
 		delete(l.byHash, e.id)
 		l.gone[e.id] = chainPos{replica: e.replica, seq: e.seq}
 		l.trimmed[e.replica]++
@@ -404,7 +447,53 @@ func (l *syncLog) trim(stable vector) int {
 	}
 	l.entries = l.entries[k:]
 	l.base += uint64(k)
+	// The core forgets the hashes below the stable point (gc.go).
+	for id, g := range l.gone {
+		if g.seq < stable[g.replica] {
+			delete(l.gone, id)
+		}
+	}
 	return k
+}
+
+// absorb records that a merged snapshot (snapshot_transfer.go) stood for
+// the changes v counts: they are applied here without being in the log.
+// Per replica, applied and durable counts rise to v, trimmed too (the
+// changes are not in the log to send), and the entries v covers (a prefix
+// of each replica's chain in the log) become placeholders: a peer lacking
+// them needs a snapshot as well. The caller holds the state lock and every
+// applied change is durable (the committer drained), so no add races it.
+func (l *syncLog) absorb(v vector) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	covered := map[core.ReplicaID]int{}
+	for i := range l.entries {
+		e := &l.entries[i]
+		if e.enc == nil || e.seq > v[e.replica] {
+			continue
+		}
+		delete(l.byHash, e.id)
+		l.bytes -= int64(len(e.enc))
+		e.enc = nil
+		covered[e.replica]++
+	}
+	for r, n := range covered {
+		ch := l.chains[r]
+		clear(ch[:n])
+		l.chains[r] = ch[n:]
+	}
+	for id, g := range l.gone {
+		if g.seq <= v[g.replica] {
+			delete(l.gone, id)
+		}
+	}
+	for r, n := range v {
+		l.applied[r] = max(l.applied[r], n)
+		l.dvec[r] = max(l.dvec[r], n)
+		l.trimmed[r] = max(l.trimmed[r], n)
+	}
+	close(l.changed)
+	l.changed = make(chan struct{})
 }
 
 // trimmedVector is, per replica, how many of its changes GC dropped.
