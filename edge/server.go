@@ -311,10 +311,10 @@ func (s *Server) recover(ctx context.Context) error {
 	// but the core has no snapshot encoding yet, so this server never
 	// writes one; refuse a data dir that has one rather than replay only
 	// the changes after it.
-	if idx, _, err := s.store.Snapshot(); err != nil {
+	if cp, ok, err := s.store.LastCheckpoint(); err != nil {
 		return fmt.Errorf("edge: read checkpoint: %w", err)
-	} else if idx > 0 {
-		return fmt.Errorf("edge: %s holds a checkpoint at index %d, which this build cannot restore", s.cfg.DataDir, idx)
+	} else if ok {
+		return fmt.Errorf("edge: %s holds a checkpoint at index %d, which this build cannot restore", s.cfg.DataDir, cp.Index)
 	}
 	n := 0
 	compacted, err := s.store.Load(func(r storage.Record) error {
