@@ -3,6 +3,8 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -72,12 +74,24 @@ func dump(t *testing.T, s *State) string {
 	versions := 0
 	s.order.ascend(nil, nil, func(k *keyRec) bool {
 		fmt.Fprintf(&b, "winner %q %v %d\n", k.key, k.win, k.winRepl)
+		if k.doc != nil {
+			var ds strings.Builder
+			docString(&ds, k.doc.root, "", 0)
+			fmt.Fprintf(&b, "doc %q lease %d by %v\n%s", k.key, k.doc.lease, k.doc.leaseReg, ds.String())
+		}
 		for _, g := range k.gens {
 			versions += len(g.revs)
 		}
 		return true
 	})
 	fmt.Fprintf(&b, "keys %d (%d ordered) versions %d\n", len(s.keys), s.order.n, versions)
+	// The chains and what GC keeps: a replayed replica answers for them
+	// as the first did.
+	fmt.Fprintf(&b, "vector %v collected %v tombstones %d forgotten %d\n", s.Vector(), s.Collected(), s.Tombstones(), s.Forgotten())
+	for _, r := range slices.Sorted(maps.Keys(s.chains)) {
+		ch := s.chains[r]
+		fmt.Fprintf(&b, "chain %d n %d last %v stable %d base %d stamps %v gone %v\n", r, ch.n, ch.last, ch.stable, ch.base, ch.stamps, ch.gone)
+	}
 	return b.String()
 }
 

@@ -13,7 +13,8 @@ package core
 // the granter and the attached keys), the heads, the clock, the index,
 // revision and compaction revision, the bookkeeping of history (index and
 // revision to hash, the changes known as applied and the ones compaction
-// forgot) and the lease sequence. Not in it: the configuration the shell
+// forgot), the chain tracking (gc.go: per replica its count, stamps and
+// stable point), the records kept for Collect and the lease sequence. Not in it: the configuration the shell
 // sets (SetMaxTxnOps, SetMinLeaseTTL, SetValueMerge): the caller sets it
 // again on the restored state, as it does on New before Replay.
 //
@@ -31,18 +32,22 @@ package core
 //	int64    rev; int64 compact rev (-1: none; 0 and 1 compact nothing)
 //	uvarint  index; uvarint lease sequence
 //	uvarint  number of heads, then each head's 32 bytes, sorted, distinct
+//	uvarint  number of chains, then per replica in id order: uint64 id;
+//	         uvarint count n; uvarint stable count; the stamps (HLC) of
+//	         its changes max(1, stable) to n; uvarint number of compacted
+//	         changes not yet collected, each uvarint seq and 32 bytes, in
+//	         seq order (they are the forgotten hashes)
 //	uvarint  first index still mapped (idxBase), then for each index from
-//	         it to index the change's 32 bytes
+//	         it to index the change's 32 bytes, uint64 replica, uvarint seq
 //	         for each revision from max(2, compact rev) to rev: the 32 bytes
 //	         of what made it
 //	uvarint  number of other known hashes (not a change of the index map:
 //	         a snapshot merge's revision), then each as 32 bytes, uvarint
-//	         index, uvarint rev; sorted by hash
-//	uvarint  number of forgotten hashes, then each 32 bytes, sorted
+//	         index, uvarint rev, uint64 replica, uvarint seq; sorted by hash
 //	uvarint  number of keys, then per key in key order:
-//	  uvarint len, key; int64 winner wall; uint32 winner logical;
-//	  uint64 winner replica; byte flags (1 listed for compaction, 2 has a
-//	  JSON document); uvarint number of generations, per generation
+//	  uvarint len, key; HLC winner; uint64 winner replica; byte flags
+//	  (1 listed for compaction, 2 has a JSON document, 4 listed for
+//	  Collect); uvarint number of generations, per generation
 //	  uvarint versions put; uvarint created; uvarint number of versions,
 //	  per version uvarint main; uvarint sub; byte 1 tombstone, or 0 and a
 //	  value (below)
@@ -52,12 +57,13 @@ package core
 //	  uvarint len, key; the value put (not for a delete); the previous
 //	  value (flag 2)
 //	uvarint  number of leases, then per lease in id order: int64 id; int64
-//	         ttl; uint64 granter; byte 1 and int64 expiry (unix ns), or 0
+//	         ttl; uint64 granter; HLC grant stamp; byte 1 and int64 expiry (unix ns), or 0
 //	         (no expiry here); uvarint number of keys, each uvarint len, key,
 //	         sorted
 //
 //	value    uvarint len, bytes; uvarint create; uvarint mod; uvarint
 //	         version; int64 lease
+//	HLC      int64 wall; uint32 logical
 //	register int64 wall; uint32 logical; uint64 replica; uint32 op
 //	node     byte 0 no assignment, or the kind (1 absent, 2 scalar,
 //	         3 object), its register and for a scalar uvarint len, bytes;
@@ -93,9 +99,33 @@ func (s *State) Snapshot() []byte {
 	b = binary.AppendUvarint(b, s.leaseSeq)
 	b = appendHashes(b, s.heads)
 
+	repls := make([]ReplicaID, 0, len(s.chains))
+	for r := range s.chains {
+		repls = append(repls, r)
+	}
+	slices.Sort(repls)
+	b = binary.AppendUvarint(b, uint64(len(repls)))
+	for _, r := range repls {
+		ch := s.chains[r]
+		b = binary.BigEndian.AppendUint64(b, uint64(r))
+		b = binary.AppendUvarint(b, ch.n)
+		b = binary.AppendUvarint(b, ch.stable)
+		for _, st := range ch.stamps {
+			b = appendHLC(b, st)
+		}
+		b = binary.AppendUvarint(b, uint64(len(ch.gone)))
+		for _, g := range ch.gone {
+			b = binary.AppendUvarint(b, g.seq)
+			b = append(b, g.id[:]...)
+		}
+	}
+
 	b = binary.AppendUvarint(b, s.idxBase)
 	for _, h := range s.idxHash {
+		at := s.known[h]
 		b = append(b, h[:]...)
+		b = binary.BigEndian.AppendUint64(b, uint64(at.repl))
+		b = binary.AppendUvarint(b, at.seq)
 	}
 	for _, h := range s.revHash {
 		b = append(b, h[:]...)
@@ -117,13 +147,9 @@ func (s *State) Snapshot() []byte {
 		b = append(b, h[:]...)
 		b = binary.AppendUvarint(b, at.index)
 		b = binary.AppendUvarint(b, uint64(at.rev))
+		b = binary.BigEndian.AppendUint64(b, uint64(at.repl))
+		b = binary.AppendUvarint(b, at.seq)
 	}
-	forgotten := make([]Hash, 0, len(s.forgotten))
-	for h := range s.forgotten {
-		forgotten = append(forgotten, h)
-	}
-	sortHashes(forgotten)
-	b = appendHashes(b, forgotten)
 
 	b = binary.AppendUvarint(b, uint64(s.order.n))
 	s.order.ascend(nil, nil, func(k *keyRec) bool {
@@ -158,6 +184,7 @@ func (s *State) Snapshot() []byte {
 		b = binary.BigEndian.AppendUint64(b, uint64(l.id))
 		b = binary.BigEndian.AppendUint64(b, uint64(l.ttl))
 		b = binary.BigEndian.AppendUint64(b, uint64(l.granter))
+		b = appendHLC(b, l.stamp)
 		if l.expiry.IsZero() {
 			b = append(b, 0)
 		} else {
@@ -208,6 +235,9 @@ func appendKeyRec(b []byte, k *keyRec) []byte {
 	}
 	if k.doc != nil {
 		f |= 2
+	}
+	if k.gc {
+		f |= 4
 	}
 	b = append(b, f)
 	b = binary.AppendUvarint(b, uint64(len(k.gens)))
@@ -407,6 +437,10 @@ func decodeSnapshot(id ReplicaID, b []byte) (*State, error) {
 		s.heads = append(s.heads, h)
 	}
 
+	if err := decodeChains(d, s); err != nil {
+		return nil, err
+	}
+
 	s.idxBase = d.uvarint()
 	if d.err != nil {
 		return nil, d.err
@@ -416,30 +450,47 @@ func decodeSnapshot(id ReplicaID, b []byte) (*State, error) {
 	}
 	nidx := s.index - s.idxBase + 1
 	nrev := uint64(s.rev - s.revBase + 1)
-	if nidx+nrev > uint64(len(d.b)/32) {
+	if nidx*41+nrev*32 > uint64(len(d.b)) {
 		return nil, fmt.Errorf("%d indexes and %d revisions mapped: %w", nidx, nrev, errShort)
 	}
 	s.idxHash = make([]Hash, nidx)
+	lastSeq := map[ReplicaID]uint64{}
 	for i := range s.idxHash {
-		s.idxHash[i] = d.hash()
-		if _, dup := s.known[s.idxHash[i]]; dup {
-			return nil, fmt.Errorf("change %s at two indexes", s.idxHash[i])
+		h := d.hash()
+		at := changeAt{index: s.idxBase + uint64(i), repl: ReplicaID(d.u64()), seq: d.uvarint()}
+		if d.err != nil {
+			return nil, d.err
 		}
-		s.known[s.idxHash[i]] = changeAt{index: s.idxBase + uint64(i)}
+		if _, dup := s.known[h]; dup {
+			return nil, fmt.Errorf("change %s at two indexes", h)
+		}
+		if _, dup := s.forgotten[h]; dup {
+			return nil, fmt.Errorf("change %s both known and forgotten", h)
+		}
+		// Changes are applied in their author's chain order, so along
+		// the index a replica's seqs increase; forget (compaction) needs
+		// each one's chain.
+		ch := s.chains[at.repl]
+		if ch == nil || at.seq == 0 || at.seq > ch.n || at.seq <= lastSeq[at.repl] {
+			return nil, fmt.Errorf("index %d: change %d of replica %d out of its chain", at.index, at.seq, at.repl)
+		}
+		lastSeq[at.repl] = at.seq
+		s.idxHash[i], s.known[h] = h, at
 	}
 	s.revHash = make([]Hash, nrev)
 	for i := range s.revHash {
 		s.revHash[i] = d.hash()
 	}
-	nextra := d.count("known hashes", 34)
+	nextra := d.count("known hashes", 44)
 	var prev Hash
 	for i := range nextra {
 		h := d.hash()
-		at := changeAt{index: d.uvarint(), rev: d.nonNeg("revision")}
+		at := changeAt{index: d.uvarint(), rev: d.nonNeg("revision"), repl: ReplicaID(d.u64()), seq: d.uvarint()}
 		if d.err != nil {
 			return nil, d.err
 		}
-		if _, dup := s.known[h]; dup || (i > 0 && bytes.Compare(prev[:], h[:]) >= 0) {
+		_, gone := s.forgotten[h]
+		if _, dup := s.known[h]; dup || gone || (i > 0 && bytes.Compare(prev[:], h[:]) >= 0) {
 			return nil, errors.New("known hashes not sorted, distinct and apart from the index map")
 		}
 		// A snapshot merge's revision stays known after compaction has
@@ -464,17 +515,6 @@ func decodeSnapshot(id ReplicaID, b []byte) (*State, error) {
 		at.rev = r
 		s.known[h] = at
 	}
-	nforgot := d.count("forgotten hashes", 32)
-	for i := range nforgot {
-		h := d.hash()
-		if _, dup := s.known[h]; dup || (i > 0 && bytes.Compare(prev[:], h[:]) >= 0) {
-			return nil, errors.New("forgotten hashes not sorted, distinct and apart from the known ones")
-		}
-		s.forgotten[h], prev = struct{}{}, h
-	}
-	if d.err != nil {
-		return nil, d.err
-	}
 	for _, h := range s.heads {
 		_, k := s.known[h]
 		_, f := s.forgotten[h]
@@ -498,6 +538,9 @@ func decodeSnapshot(id ReplicaID, b []byte) (*State, error) {
 		s.order.insert(k)
 		if k.dirty {
 			s.dirty = append(s.dirty, k)
+		}
+		if k.gc {
+			s.gcKeys = append(s.gcKeys, k)
 		}
 	}
 	s.log = make([]revLog, s.rev-s.logBase+1)
@@ -532,10 +575,10 @@ func decodeSnapshot(id ReplicaID, b []byte) (*State, error) {
 			return nil, fmt.Errorf("revision %d: %w", r, d.err)
 		}
 	}
-	nleases := d.count("leases", 26)
+	nleases := d.count("leases", 38)
 	var lastID int64
 	for i := range nleases {
-		l := &leaseRec{id: d.i64(), ttl: d.i64(), granter: ReplicaID(d.u64()), keys: map[string]struct{}{}}
+		l := &leaseRec{id: d.i64(), ttl: d.i64(), granter: ReplicaID(d.u64()), stamp: d.hlc(), keys: map[string]struct{}{}}
 		switch d.byte1() {
 		case 0:
 		case 1:
@@ -581,6 +624,59 @@ func decodeSnapshot(id ReplicaID, b []byte) (*State, error) {
 	return s, nil
 }
 
+// decodeChains reads the chain tracking (gc.go): per replica the count,
+// the stable count, the stamps from max(1, stable) on, and the compacted
+// changes not yet collected (which are the forgotten hashes).
+func decodeChains(d *snapDecoder, s *State) error {
+	n := d.count("chains", 11)
+	var prev ReplicaID
+	for i := range n {
+		r := ReplicaID(d.u64())
+		ch := &chain{n: d.uvarint(), stable: d.uvarint()}
+		if d.err != nil {
+			return d.err
+		}
+		if i > 0 && r <= prev {
+			return fmt.Errorf("chain of replica %d after %d: not sorted and distinct", r, prev)
+		}
+		if ch.stable > ch.n || ch.n > 1<<62 {
+			return fmt.Errorf("chain of replica %d: stable %d of %d", r, ch.stable, ch.n)
+		}
+		ch.base = max(1, ch.stable)
+		ns := ch.n + 1 - ch.base
+		if ns > uint64(len(d.b)/12) {
+			return fmt.Errorf("chain of replica %d: %d stamps: %w", r, ns, errShort)
+		}
+		ch.stamps = make([]HLC, ns)
+		for j := range ch.stamps {
+			ch.stamps[j] = d.hlc()
+			if j > 0 && ch.stamps[j].Compare(ch.stamps[j-1]) <= 0 {
+				return fmt.Errorf("chain of replica %d: stamps do not increase", r)
+			}
+		}
+		if ns > 0 {
+			ch.last = ch.stamps[ns-1]
+		}
+		ng := d.count("compacted changes", 33)
+		for j := range ng {
+			g := goneRef{seq: d.uvarint(), id: d.hash()}
+			if d.err != nil {
+				return d.err
+			}
+			if g.seq < ch.stable || g.seq == 0 || g.seq > ch.n || (j > 0 && g.seq <= ch.gone[j-1].seq) {
+				return fmt.Errorf("chain of replica %d: compacted change %d out of order or range", r, g.seq)
+			}
+			if _, dup := s.forgotten[g.id]; dup {
+				return fmt.Errorf("compacted change %s twice", g.id)
+			}
+			ch.gone = append(ch.gone, g)
+			s.forgotten[g.id] = chainPos{repl: r, seq: g.seq}
+		}
+		s.chains[r], prev = ch, r
+	}
+	return d.err
+}
+
 // decodeKeyRec reads one key record, holding its history to the shape the
 // index keeps (index.go): generations but the last end with a tombstone,
 // versions in (main, sub) order at or before rev, values stamped with
@@ -593,10 +689,10 @@ func decodeKeyRec(d *snapDecoder, rev int64) *keyRec {
 	k.win = d.hlc()
 	k.winRepl = ReplicaID(d.u64())
 	f := d.byte1()
-	if f > 3 {
+	if f > 7 {
 		d.fail("flags %#x", f)
 	}
-	k.dirty = f&1 != 0
+	k.dirty, k.gc = f&1 != 0, f&4 != 0
 	ngens := d.count("generations", 3)
 	if ngens > 0 {
 		k.gens = make([]generation, ngens)

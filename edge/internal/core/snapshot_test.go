@@ -200,6 +200,36 @@ func (w *twinWorld) intoA(p *replica) error {
 	return nil
 }
 
+// collect runs Collect on replica 1 and its twins at the stable point the
+// sync layer would compute with every member's current vector: usable
+// when replica 1 holds all of that member's own changes.
+func (w *twinWorld) collect() error {
+	for _, p := range w.peers {
+		if err := w.intoA(p); err != nil {
+			return err
+		}
+	}
+	have := w.a.s.Vector()
+	stable := have
+	for _, p := range w.peers {
+		v := p.s.Vector()
+		if v[p.s.Replica()] > have[p.s.Replica()] {
+			return nil
+		}
+		next := map[ReplicaID]uint64{}
+		for r, n := range stable {
+			if m := min(n, v[r]); m > 0 {
+				next[r] = m
+			}
+		}
+		stable = next
+	}
+	return w.all("collect", func(s *State) string {
+		st, err := s.Collect(stable)
+		return fmt.Sprint(st, err, s.Tombstones(), s.Forgotten(), s.Collected())
+	})
+}
+
 // send merges the changes of from that to lacks into to (not replica 1).
 func (w *twinWorld) send(from, to *replica) error {
 	for _, ap := range from.log {
@@ -269,6 +299,8 @@ func (w *twinWorld) run(t *testing.T, steps int) error {
 				rev := max(s.CompactRev(), 1) + 1 + w.pick.r.Int64N(s.Rev()-max(s.CompactRev(), 1))
 				err = w.all("compact", func(s *State) string { return fmt.Sprint(s.Compact(rev)) })
 			}
+		case k < 98:
+			err = w.collect()
 		case t != nil:
 			err = w.snapshot(t)
 		}
@@ -354,6 +386,17 @@ func TestSnapshotChecksCatchBreakage(t *testing.T) {
 			}
 		},
 		"clock": func(s *State) { s.clock = HLC{} },
+		"chains": func(s *State) {
+			for _, ch := range s.chains {
+				ch.last = HLC{}
+			}
+		},
+		"collect list": func(s *State) {
+			for _, k := range s.gcKeys {
+				k.gc = false
+			}
+			s.gcKeys = nil
+		},
 		"dirty keys": func(s *State) {
 			for _, k := range s.dirty {
 				k.dirty = false
