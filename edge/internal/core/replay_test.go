@@ -42,8 +42,16 @@ func coreApply(t *testing.T, s *State, now time.Time, r request) []*Applied {
 }
 
 // dump renders everything a client or a peer can observe of a state, at
-// every revision it still has: equal dumps mean equal states.
+// every revision it still has, and what it keeps to decide later merges:
+// equal dumps mean equal states.
 func dump(t *testing.T, s *State) string {
+	t.Helper()
+	return observable(t, s) + internals(s)
+}
+
+// observable is what clients and peers see of a state: values and hashes
+// at every retained revision, the change bookkeeping, events, leases.
+func observable(t *testing.T, s *State) string {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "rev %d index %d compact %d heads %x clock %v\n", s.Rev(), s.Index(), s.CompactRev(), s.Heads(), s.Clock())
@@ -70,6 +78,13 @@ func dump(t *testing.T, s *State) string {
 		ttl, _ := s.LeaseTimeToLive(time.Unix(0, 0), &pb.LeaseTimeToLiveRequest{ID: l.ID, Keys: true})
 		fmt.Fprintf(&b, "lease %d granted %d keys %q\n", l.ID, ttl.GrantedTTL, ttl.Keys)
 	}
+	return b.String()
+}
+
+// internals is what a state keeps to decide later merges and answer for
+// its history.
+func internals(s *State) string {
+	var b strings.Builder
 	// What compaction left (incremental compactions leave what one would).
 	versions := 0
 	s.order.ascend(nil, nil, func(k *keyRec) bool {
