@@ -50,7 +50,9 @@ type EdgeHistoryConfig struct {
 type EdgeHistorySample struct {
 	Second      float64 `json:"second"`       // since the load started (negative: before)
 	DiskBytes   int64   `json:"disk_bytes"`   // allocated bytes of every file in the data dir
+	DBBytes     int64   `json:"db_bytes"`     // of those, the bbolt file's (the rest: write-ahead log)
 	RSSBytes    int64   `json:"rss_bytes"`    // VmRSS
+	AnonBytes   int64   `json:"anon_bytes"`   // RssAnon: VmRSS less the mapped file (bbolt's mmap)
 	DAGChanges  float64 `json:"dag_changes"`  // aether_edge_dag_changes: changes the sync log holds
 	Checkpoints float64 `json:"checkpoints"`  // aether_edge_checkpoints_total
 	Writes      int     `json:"writes_acked"` // by the cluster, so far
@@ -161,8 +163,9 @@ func EdgeHistory(ctx context.Context, cfg EdgeHistoryConfig, w io.Writer) (EdgeH
 		}
 		if err == nil && len(clusters) == 2 {
 			a, b := clusters[0].run.Samples[i], clusters[1].run.Samples[i]
-			fmt.Fprintf(w, "  %4.0fs  without GC: disk %s, RSS %s;  with GC: disk %s, RSS %s\n", time.Since(start).Seconds(),
-				mib(maxOf(a, diskOf)), mib(maxOf(a, rssOf)), mib(maxOf(b, diskOf)), mib(maxOf(b, rssOf)))
+			fmt.Fprintf(w, "  %4.0fs  without GC: disk %s (db %s), RSS %s (anon %s);  with GC: disk %s (db %s), RSS %s (anon %s)\n", time.Since(start).Seconds(),
+				mib(maxOf(a, diskOf)), mib(maxOf(a, dbOf)), mib(maxOf(a, rssOf)), mib(maxOf(a, anonOf)),
+				mib(maxOf(b, diskOf)), mib(maxOf(b, dbOf)), mib(maxOf(b, rssOf)), mib(maxOf(b, anonOf)))
 		}
 	}
 	stopLoad()
@@ -323,17 +326,44 @@ func (c *historyCluster) sample(at time.Duration) ([]EdgeHistorySample, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", p.name, err)
 		}
+		db, err := dirBytes(filepath.Join(c.dirs[i], "edge.db"))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p.name, err)
+		}
+		anon, err := rssAnon(p.cmd.Process.Pid)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", p.name, err)
+		}
 		m, err := scrape(c.clients[i]+"/metrics", "aether_edge_dag_changes", "aether_edge_checkpoints_total")
 		if err != nil {
 			return nil, fmt.Errorf("%s: metrics: %w", p.name, err)
 		}
-		out[i] = EdgeHistorySample{Second: at.Seconds(), DiskBytes: disk, RSSBytes: st.RSSBytes,
+		out[i] = EdgeHistorySample{Second: at.Seconds(), DiskBytes: disk, DBBytes: db, RSSBytes: st.RSSBytes, AnonBytes: anon,
 			DAGChanges: m["aether_edge_dag_changes"], Checkpoints: m["aether_edge_checkpoints_total"], Writes: writes}
 	}
 	return out, nil
 }
 
-// dirBytes is the disk space the files under dir take: allocated blocks,
+// rssAnon is RssAnon from /proc/<pid>/status: the resident memory that is
+// the process's own (heap, stacks), without the pages of files it maps.
+func rssAnon(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kb); err != nil {
+				return 0, fmt.Errorf("/proc/%d/status: %q: %w", pid, line, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status: no RssAnon", pid)
+}
+
+// dirBytes is the disk space the files under dir (or the file dir) take: allocated blocks,
 // as du counts them, not their apparent length (bbolt grows its file in
 // 16 MiB steps of which only the pages written are allocated).
 func dirBytes(dir string) (int64, error) {
@@ -366,7 +396,9 @@ func dirBytes(dir string) (int64, error) {
 }
 
 func diskOf(s EdgeHistorySample) float64 { return float64(s.DiskBytes) }
+func dbOf(s EdgeHistorySample) float64   { return float64(s.DBBytes) }
 func rssOf(s EdgeHistorySample) float64  { return float64(s.RSSBytes) }
+func anonOf(s EdgeHistorySample) float64 { return float64(s.AnonBytes) }
 func dagOf(s EdgeHistorySample) float64  { return s.DAGChanges }
 
 // maxOf is the largest of f over one sample's replicas.
@@ -400,7 +432,7 @@ func (r Report) edgeHistoryMarkdown(b *strings.Builder) {
 	e := r.EdgeHistory
 	fmt.Fprintf(b, "### Edge store: bounded history, disk and memory under sustained writes (last run %s)\n\n", r.Date)
 	fmt.Fprintf(b, "- Machine: %s\n- Command: `%s`\n- aether edge: this binary\n\n", r.Machine, r.Command)
-	fmt.Fprintf(b, "Two fresh clusters of %d `aether edge` replicas run at once, each replica a process on this machine with its data in the system temporary directory; they differ only in `--history-gc`. Both get `--auto-compaction-mode periodic --auto-compaction-retention %s --checkpoint-changes %d`, and the same open-loop load for %.0f s: %d writes per second per cluster (a write is due every 1/%d s whether or not earlier ones returned), round robin over its replicas, over %d keys, %d-byte values, one write in %d a delete. Each replica applies every write of its cluster (its own and its peers'). Sampled %d times: the data dir's allocated bytes (bbolt file and write-ahead log, as du counts them), the process's VmRSS, and `aether_edge_dag_changes` (changes the sync log holds); the table shows the largest of the %d replicas at each time.\n\n",
+	fmt.Fprintf(b, "Two fresh clusters of %d `aether edge` replicas run at once, each replica a process on this machine with its data in the system temporary directory; they differ only in `--history-gc`. Both get `--auto-compaction-mode periodic --auto-compaction-retention %s --checkpoint-changes %d`, and the same open-loop load for %.0f s: %d writes per second per cluster (a write is due every 1/%d s whether or not earlier ones returned), round robin over its replicas, over %d keys, %d-byte values, one write in %d a delete. Each replica applies every write of its cluster (its own and its peers'). Sampled %d times: the data dir's allocated bytes (as du counts them), the process's resident memory, and `aether_edge_dag_changes` (changes the sync log holds); the table shows the largest of the %d replicas at each time.\n\n",
 		e.Replicas, time.Duration(e.RetentionSec*float64(time.Second)), e.CheckpointChanges, e.Seconds, e.Rate, e.Rate, e.Keys, e.ValueBytes, e.DeleteEvery, len(firstRun(e).Samples), e.Replicas)
 	if e.LoadAvgBefore > 0 {
 		fmt.Fprintf(b, "The machine's 1-minute load average was %.2f before and %.2f after (%d cores).\n\n", e.LoadAvgBefore, e.LoadAvgAfter, runtime.NumCPU())
@@ -417,20 +449,24 @@ func (r Report) edgeHistoryMarkdown(b *strings.Builder) {
 		b.WriteString("(incomplete run: one of the clusters has no figures)\n")
 		return
 	}
+	b.WriteString("Disk is the data dir, with the bbolt file's part in parentheses (the rest is the write-ahead log, whose segment is removed once it reaches 16 MiB and bbolt holds it: up to 16 MiB of it is history bbolt already has). RSS is VmRSS, with RssAnon (the heap, without the bbolt file's mapped pages) in parentheses.\n\n")
 	b.WriteString("| time | disk, no GC | disk, GC | RSS, no GC | RSS, GC | sync log changes, no GC | sync log changes, GC | writes acked (no GC / GC) |\n|---|---|---|---|---|---|---|---|\n")
 	n := min(len(without.Samples), len(with.Samples))
 	for _, i := range tableRows(n, 11) {
 		a, g := without.Samples[i], with.Samples[i]
-		fmt.Fprintf(b, "| %.0f s | %s | %s | %s | %s | %.0f | %.0f | %d / %d |\n", a[0].Second, mib(maxOf(a, diskOf)), mib(maxOf(g, diskOf)),
-			mib(maxOf(a, rssOf)), mib(maxOf(g, rssOf)), maxOf(a, dagOf), maxOf(g, dagOf), a[0].Writes, g[0].Writes)
+		fmt.Fprintf(b, "| %.0f s | %s (%s) | %s (%s) | %s (%s) | %s (%s) | %.0f | %.0f | %d / %d |\n", a[0].Second,
+			mib(maxOf(a, diskOf)), mib(maxOf(a, dbOf)), mib(maxOf(g, diskOf)), mib(maxOf(g, dbOf)),
+			mib(maxOf(a, rssOf)), mib(maxOf(a, anonOf)), mib(maxOf(g, rssOf)), mib(maxOf(g, anonOf)),
+			maxOf(a, dagOf), maxOf(g, dagOf), a[0].Writes, g[0].Writes)
 	}
 	ckpt := func(run *EdgeHistoryRun) float64 {
 		return maxOf(run.Samples[len(run.Samples)-1], func(s EdgeHistorySample) float64 { return s.Checkpoints })
 	}
 	fmt.Fprintf(b, "\nAchieved: %.0f writes/s without GC (%d errors), %.0f writes/s with GC (%d errors); checkpoints per replica by the end: %.0f without GC, %.0f with.\n",
 		without.Achieved, without.Errors, with.Achieved, with.Errors, ckpt(without), ckpt(with))
-	fmt.Fprintf(b, "\nOver the second half of the run, per minute: disk %+.1f MiB without GC, %+.1f MiB with; RSS %+.1f MiB without GC, %+.1f MiB with.\n",
-		without.growth(diskOf)/(1<<20), with.growth(diskOf)/(1<<20), without.growth(rssOf)/(1<<20), with.growth(rssOf)/(1<<20))
+	fmt.Fprintf(b, "\nOver the second half of the run, per minute: disk %+.1f MiB without GC, %+.1f MiB with (bbolt file %+.1f, %+.1f); RSS %+.1f MiB without GC, %+.1f MiB with (RssAnon %+.1f, %+.1f).\n",
+		without.growth(diskOf)/(1<<20), with.growth(diskOf)/(1<<20), without.growth(dbOf)/(1<<20), with.growth(dbOf)/(1<<20),
+		without.growth(rssOf)/(1<<20), with.growth(rssOf)/(1<<20), without.growth(anonOf)/(1<<20), with.growth(anonOf)/(1<<20))
 }
 
 func firstRun(e *EdgeHistoryResult) EdgeHistoryRun {

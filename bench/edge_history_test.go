@@ -55,7 +55,8 @@ func historySamples(disk0, diskStep, rss int64, n int) [][]EdgeHistorySample {
 	for i := 0; i < n; i++ {
 		var row []EdgeHistorySample
 		for r := 0; r < 3; r++ {
-			row = append(row, EdgeHistorySample{Second: float64(i * 60), DiskBytes: disk0 + int64(i)*diskStep + int64(r), RSSBytes: rss, Writes: i * 100, Checkpoints: float64(i)})
+			row = append(row, EdgeHistorySample{Second: float64(i * 60), DiskBytes: disk0 + int64(i)*diskStep + int64(r), DBBytes: disk0 / 2,
+				RSSBytes: rss, AnonBytes: rss / 2, Writes: i * 100, Checkpoints: float64(i)})
 		}
 		out = append(out, row)
 	}
@@ -77,7 +78,7 @@ func TestEdgeHistorySection(t *testing.T) {
 	for _, want := range []string{
 		edgeHistoryBeginMark, edgeHistoryEndMark,
 		"--auto-compaction-retention 30s --checkpoint-changes 10000",
-		"| 600 s | 11.0 MiB | 1.0 MiB | 50.0 MiB | 40.0 MiB |",
+		"| 600 s | 11.0 MiB (0.5 MiB) | 1.0 MiB (0.5 MiB) | 50.0 MiB (25.0 MiB) | 40.0 MiB (20.0 MiB) |",
 		"disk +1.0 MiB without GC, +0.0 MiB with",
 		"checkpoints per replica by the end: 10 without GC, 10 with",
 		"`aether bench --scenario edge-history`",
