@@ -38,7 +38,7 @@ const (
 )
 
 // Scenarios lists every scenario group in the order Run runs them.
-var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioEdgePartition, ScenarioPeerWatch, ScenarioKubernetes}
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioEdgePartition, ScenarioEdgeHistory, ScenarioPeerWatch, ScenarioKubernetes}
 
 // selected reports which groups o asks for, or an error naming an unknown one.
 func (o Options) selected() (map[string]bool, error) {
@@ -80,6 +80,7 @@ type Report struct {
 	PeerWatch   *PeerWatchResult    `json:"peer_watch,omitempty"`
 	// EdgePartition is nil when the scenario was skipped (not root).
 	EdgePartition *EdgePartitionResult `json:"edge_partition,omitempty"`
+	EdgeHistory   *EdgeHistoryResult   `json:"edge_history,omitempty"`
 	Kubernetes    *KubernetesResult    `json:"kubernetes,omitempty"`
 }
 
@@ -155,6 +156,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioEdgePartition] {
 		if err := runEdgePartition(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioEdgeHistory] {
+		if err := runEdgeHistory(ctx, o, &r, w); err != nil {
 			return r, err
 		}
 	}
@@ -270,6 +276,9 @@ func (r Report) sections() []section {
 	}
 	if r.EdgePartition != nil {
 		out = append(out, section{edgePartBeginMark, edgePartEndMark, r.edgePartitionMarkdown})
+	}
+	if r.EdgeHistory != nil {
+		out = append(out, section{edgeHistoryBeginMark, edgeHistoryEndMark, r.edgeHistoryMarkdown})
 	}
 	if r.PeerWatch != nil {
 		out = append(out, section{peerBeginMark, peerEndMark, r.peerWatchMarkdown})

@@ -54,6 +54,7 @@ type keyRec struct {
 	win     HLC
 	winRepl ReplicaID
 	dirty   bool // listed in State.dirty
+	gc      bool // listed in State.gcKeys
 	// doc is a JSON key's merge state (merge_json.go); nil for other keys.
 	doc *jdoc
 }

@@ -15,6 +15,7 @@ type leaseRec struct {
 	id      int64
 	ttl     int64 // granted TTL, seconds
 	granter ReplicaID
+	stamp   HLC // the granting change's (record sets it): a snapshot merge tells by it whether a side saw the grant
 	expiry  time.Time
 	keys    map[string]struct{}
 }

@@ -692,6 +692,7 @@ func (w *writer) jsonLocalPut(key, value []byte, lease int64) {
 	}
 	w.putOp(key, nd.render(), opValue, nd.lease)
 	s.keys[string(key)].doc = nd
+	s.markGC(s.keys[string(key)])
 	w.unstamped = true
 }
 
@@ -706,6 +707,7 @@ func (w *writer) jsonLocalDelete(k *keyRec) {
 		w.unstamped = true
 	}
 	k.doc = k.doc.deleted(reg)
+	w.s.markGC(k)
 }
 
 // jsonMergeOp applies op i of c, a put or delete of a JSON key, to the
@@ -734,6 +736,7 @@ func (s *State) jsonMergeOp(w *writer, c *Change, i int, force bool) {
 		}
 	}
 	k.doc = nd
+	s.markGC(k)
 }
 
 // jsonEffect is the document after op (under reg) on a key whose document

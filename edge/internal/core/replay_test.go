@@ -3,6 +3,8 @@ package core
 import (
 	"bytes"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,8 +42,16 @@ func coreApply(t *testing.T, s *State, now time.Time, r request) []*Applied {
 }
 
 // dump renders everything a client or a peer can observe of a state, at
-// every revision it still has: equal dumps mean equal states.
+// every revision it still has, and what it keeps to decide later merges:
+// equal dumps mean equal states.
 func dump(t *testing.T, s *State) string {
+	t.Helper()
+	return observable(t, s) + internals(s)
+}
+
+// observable is what clients and peers see of a state: values and hashes
+// at every retained revision, the change bookkeeping, events, leases.
+func observable(t *testing.T, s *State) string {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "rev %d index %d compact %d heads %x clock %v\n", s.Rev(), s.Index(), s.CompactRev(), s.Heads(), s.Clock())
@@ -68,16 +78,35 @@ func dump(t *testing.T, s *State) string {
 		ttl, _ := s.LeaseTimeToLive(time.Unix(0, 0), &pb.LeaseTimeToLiveRequest{ID: l.ID, Keys: true})
 		fmt.Fprintf(&b, "lease %d granted %d keys %q\n", l.ID, ttl.GrantedTTL, ttl.Keys)
 	}
+	return b.String()
+}
+
+// internals is what a state keeps to decide later merges and answer for
+// its history.
+func internals(s *State) string {
+	var b strings.Builder
 	// What compaction left (incremental compactions leave what one would).
 	versions := 0
 	s.order.ascend(nil, nil, func(k *keyRec) bool {
 		fmt.Fprintf(&b, "winner %q %v %d\n", k.key, k.win, k.winRepl)
+		if k.doc != nil {
+			var ds strings.Builder
+			docString(&ds, k.doc.root, "", 0)
+			fmt.Fprintf(&b, "doc %q lease %d by %v\n%s", k.key, k.doc.lease, k.doc.leaseReg, ds.String())
+		}
 		for _, g := range k.gens {
 			versions += len(g.revs)
 		}
 		return true
 	})
 	fmt.Fprintf(&b, "keys %d (%d ordered) versions %d\n", len(s.keys), s.order.n, versions)
+	// The chains and what GC keeps: a replayed replica answers for them
+	// as the first did.
+	fmt.Fprintf(&b, "vector %v collected %v tombstones %d forgotten %d\n", s.Vector(), s.Collected(), s.Tombstones(), s.Forgotten())
+	for _, r := range slices.Sorted(maps.Keys(s.chains)) {
+		ch := s.chains[r]
+		fmt.Fprintf(&b, "chain %d n %d last %v stable %d base %d stamps %v gone %v\n", r, ch.n, ch.last, ch.stable, ch.base, ch.stamps, ch.gone)
+	}
 	return b.String()
 }
 

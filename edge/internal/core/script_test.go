@@ -39,6 +39,9 @@ import (
 //	value-merge json | value-merge prefix=P   JSON merge (merge_json.go) for every key or
 //	               keys under P, on every replica (existing and created later)
 //	doc k=K        K's JSON document: each entry's register and value
+//	vector         Vector(), Collected(), Tombstones(), Forgotten()
+//	collect rN=C...    Collect with replica N's stable count C (the sync
+//	               layer computes stable vectors; here they are given)
 //
 // Keys, values and ends are Go string literals without the quotes ("\x00").
 // Times start at t=0 and move on by tick.
@@ -329,6 +332,29 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 	case "state":
 		hash, _, _ := s.HashKV(0)
 		fmt.Fprintf(&b, "rev=%d index=%d compact=%d heads=%d hashkv=%08x\n", s.Rev(), s.Index(), s.CompactRev(), len(s.Heads()), hash)
+	case "vector":
+		fmt.Fprintf(&b, "vector %s collected %s tombstones=%d forgotten=%d\n", vecString(s.Vector()), vecString(s.Collected()), s.Tombstones(), s.Forgotten())
+	case "collect":
+		// collect rN=C...: Collect with stable count C for replica N.
+		stable := map[ReplicaID]uint64{}
+		for _, a := range d.CmdArgs {
+			n, err1 := strconv.ParseUint(strings.TrimPrefix(a.Key, "r"), 10, 64)
+			var c uint64
+			var err2 error = fmt.Errorf("one value")
+			if len(a.Vals) == 1 {
+				c, err2 = strconv.ParseUint(a.Vals[0], 10, 64)
+			}
+			if !strings.HasPrefix(a.Key, "r") || err1 != nil || err2 != nil {
+				d.Fatalf(t, "collect: argument %s, want rN=COUNT", a)
+			}
+			stable[ReplicaID(n)] = c
+		}
+		st, err := s.Collect(stable)
+		if err != nil {
+			fmt.Fprintf(&b, "error: %v\n", err)
+			break
+		}
+		fmt.Fprintf(&b, "collected hashes=%d keys=%d fields=%d; tombstones=%d forgotten=%d\n", st.Hashes, st.Keys, st.Fields, s.Tombstones(), s.Forgotten())
 	case "replay":
 		r := New(s.Replica())
 		r.SetValueMerge(h.vm)
@@ -339,6 +365,9 @@ func (h *scriptHarness) run(t *testing.T, d *datadriven.TestData) string {
 		}
 		if s.CompactRev() >= 0 {
 			_ = r.Compact(s.CompactRev())
+		}
+		if _, err := r.Collect(s.Collected()); err != nil {
+			d.Fatalf(t, "replay: %v", err)
 		}
 		r.PromoteLeases(h.local())
 		s.PromoteLeases(h.local()) // both from the same instant: comparable
@@ -430,6 +459,20 @@ func (h *scriptHarness) txnReq(t *testing.T, d *datadriven.TestData) *pb.TxnRequ
 		}
 	}
 	return req
+}
+
+// vecString shows a vector in replica order.
+func vecString(v map[ReplicaID]uint64) string {
+	rs := make([]ReplicaID, 0, len(v))
+	for r := range v {
+		rs = append(rs, r)
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i] < rs[j] })
+	var parts []string
+	for _, r := range rs {
+		parts = append(parts, fmt.Sprintf("%d:%d", r, v[r]))
+	}
+	return "[" + strings.Join(parts, " ") + "]"
 }
 
 // stampString shows a stamp as its offset from the script's start.

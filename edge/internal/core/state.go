@@ -63,15 +63,22 @@ type State struct {
 	revBase int64
 	known   map[Hash]changeAt
 	// forgotten are the changes compaction dropped from known: still
-	// applied here, so Merge accepts them as parents and skips them as
-	// duplicates (GC of causally stable changes will bound it).
-	forgotten map[Hash]struct{}
+	// applied here, so Merge accepts them as parents. Each is also in its
+	// chain's gone list (chain order), which Collect prunes: the map is
+	// bounded by the changes not yet causally stable.
+	forgotten map[Hash]chainPos
+
+	// chains is, per replica, its chain as applied here (gc.go).
+	chains map[ReplicaID]*chain
 
 	log     []revLog // log[r-logBase]: the events of revision r, for r >= logBase
 	logBase int64
 
 	// dirty are the keys compaction may shorten (Compact).
 	dirty []*keyRec
+	// gcKeys are the records Collect looks at: left without versions and
+	// kept for their winner, or JSON documents holding unstable registers.
+	gcKeys []*keyRec
 
 	leases   map[int64]*leaseRec
 	leaseSeq uint64
@@ -83,6 +90,8 @@ type State struct {
 type changeAt struct {
 	index uint64
 	rev   int64
+	repl  ReplicaID
+	seq   uint64 // place in repl's chain
 }
 
 // revLog is one revision's events: each put's or delete's key, the value
@@ -114,7 +123,8 @@ func New(id ReplicaID) *State {
 		revBase:     2,
 		keys:        make(map[string]*keyRec),
 		known:       make(map[Hash]changeAt),
-		forgotten:   make(map[Hash]struct{}),
+		forgotten:   make(map[Hash]chainPos),
+		chains:      make(map[ReplicaID]*chain),
 		leases:      make(map[int64]*leaseRec),
 	}
 }
@@ -335,11 +345,17 @@ func (s *State) record(c *Change, enc []byte, w *writer) *Applied {
 	}
 	for _, k := range w.tombs {
 		k.win, k.winRepl = c.Stamp, c.Replica
+		s.markGC(k)
 	}
 	if w.unstamped {
 		s.fixStamps(c)
 	}
-	s.known[id] = changeAt{index: s.index, rev: a.Rev}
+	for _, op := range c.Ops {
+		if l := s.leases[op.Lease]; op.Kind == OpLeaseGrant && l != nil && l.stamp == (HLC{}) {
+			l.stamp = c.Stamp
+		}
+	}
+	s.known[id] = changeAt{index: s.index, rev: a.Rev, repl: c.Replica, seq: s.appendChain(c)}
 	s.advanceHeads(c.Parents, id)
 	if c.Stamp.Compare(s.clock) > 0 {
 		s.clock = c.Stamp
@@ -396,11 +412,15 @@ func (s *State) Compact(rev int64) error {
 		switch {
 		case k.isEmpty():
 			k.dirty = false
-			// A JSON key's document outlives its versions: its
-			// tombstones decide what a late concurrent edit may change.
-			if k.doc == nil {
-				delete(s.keys, string(k.key))
-				s.order.remove(k.key)
+			// The record outlives its versions while its winner (a bytes
+			// key's tombstone) or its document (a JSON key's) may still
+			// decide a late concurrent write: a put concurrent with the
+			// delete would otherwise come back. Collect drops it once
+			// nothing concurrent can arrive.
+			if s.removable(k) {
+				s.dropKey(k)
+			} else {
+				s.markGC(k)
 			}
 		case len(k.gens) > 1 || len(k.gens[0].revs) > 1:
 			next = append(next, k)
@@ -433,8 +453,9 @@ func (s *State) forgetBefore(rev int64) {
 	}
 	keepIdx := s.known[h].index
 	for _, old := range s.idxHash[:keepIdx-s.idxBase] {
+		at := s.known[old]
 		delete(s.known, old)
-		s.forgotten[old] = struct{}{}
+		s.forget(old, at)
 	}
 	s.idxHash = append([]Hash(nil), s.idxHash[keepIdx-s.idxBase:]...)
 	s.idxBase = keepIdx
