@@ -310,8 +310,8 @@ func (y *syncer) collectLoop(ctx context.Context) {
 func (y *syncer) collect(at vector) error {
 	s := y.s
 	s.mu.Lock()
-	stats, err := collectState(s.st, at)
-	tombs := tombstonesOf(s.st)
+	stats, err := s.st.Collect(map[core.ReplicaID]uint64(at))
+	tombs := s.st.Tombstones()
 	s.mu.Unlock()
 	if err != nil {
 		return err
@@ -324,6 +324,15 @@ func (y *syncer) collect(at vector) error {
 		y.gcm.setCollectPoint(at)
 	}
 	return nil
+}
+
+// raiseCollectAt raises the collect point to at where it is higher.
+func (y *syncer) raiseCollectAt(at vector) {
+	y.collectMu.Lock()
+	defer y.collectMu.Unlock()
+	for r, n := range at {
+		y.collectAt[r] = max(y.collectAt[r], n)
+	}
 }
 
 // collectPoint is the vector the core last collected at, or is about to.

@@ -332,7 +332,7 @@ func (s *Server) applyChanges(from *peer, encs [][]byte) (*batch, int, error) {
 	for _, enc := range encs {
 		// Held already: skip it without decoding (the usual duplicate is a
 		// change that reached us through another peer first).
-		if r, seq, ok := s.sync.log.position(sha256.Sum256(enc)); ok {
+		if r, seq, ok := s.sync.position(sha256.Sum256(enc)); ok {
 			if from != nil {
 				from.noteHeard(r, seq)
 			}
@@ -364,10 +364,23 @@ func (s *Server) applyChanges(from *peer, encs [][]byte) (*batch, int, error) {
 	return b, n, merr
 }
 
+// position is the (replica, seq) of a change applied here: from the sync
+// log, else from the core (changes trimmed from the log but not collected
+// by the core). A change the core collected is unknown: causally stable,
+// it is older than what every member holding GC reported holding, and its
+// hash is gone by design (gc.go); ReplicationStatus reports it held by no
+// peer, WaitReplicated NotFound. The caller holds the state lock.
+func (y *syncer) position(id core.Hash) (core.ReplicaID, uint64, bool) {
+	if r, seq, ok := y.log.position(id); ok {
+		return r, seq, true
+	}
+	return y.s.st.ChainPos(id)
+}
+
 // peerStatus answers ReplicationStatus: for each peer, which of hashes it
 // is known to hold (its acked vector covers the change's place in its
-// author's chain). A hash this replica does not hold is reported held by
-// no one.
+// author's chain). A hash this replica does not know (position) is
+// reported held by no one. The caller holds the state lock.
 func (y *syncer) peerStatus(hashes [][]byte) []*edgev1.PeerStatus {
 	type pos struct {
 		r   core.ReplicaID
@@ -378,7 +391,7 @@ func (y *syncer) peerStatus(hashes [][]byte) []*edgev1.PeerStatus {
 	for i, h := range hashes {
 		var id core.Hash
 		copy(id[:], h)
-		ps[i].r, ps[i].seq, ps[i].ok = y.log.position(id)
+		ps[i].r, ps[i].seq, ps[i].ok = y.position(id)
 	}
 	mine := y.log.durableVector()
 	out := make([]*edgev1.PeerStatus, 0, len(y.peers))

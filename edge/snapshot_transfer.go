@@ -49,6 +49,7 @@ import (
 
 	edgesyncv1 "github.com/aethermesh/aether/api/edgesync/v1"
 	"github.com/aethermesh/aether/edge/internal/core"
+	"github.com/aethermesh/aether/edge/internal/storage"
 )
 
 // snapshotChunkBytes bounds one snapshot chunk, well below gRPC's message
@@ -150,11 +151,7 @@ func (s *Server) transferSnapshot(ctx context.Context) ([]byte, vector, error) {
 	if err := s.commit.last().wait(ctx); err != nil {
 		return nil, nil, err
 	}
-	b, err := transferState(s.st)
-	if err != nil {
-		return nil, nil, err
-	}
-	return b, s.sync.log.durableVector(), nil
+	return s.st.TransferSnapshot(), s.sync.log.durableVector(), nil
 }
 
 // snapshotBuf gathers the chunks of one snapshot on a receiving stream.
@@ -190,18 +187,25 @@ func (s *Server) mergeTransfer(ctx context.Context, name string, from *peer, b [
 		return err
 	}
 	start := time.Now()
+	// The checkpointer's lock before the state lock, as checkpointNow
+	// takes them.
+	s.ckpt.mu.Lock()
+	defer s.ckpt.mu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.commit.last().wait(ctx); err != nil {
 		return err
 	}
-	ap, err := mergeSnapshotState(s.st, s.now(), b)
+	ap, err := s.st.MergeSnapshot(s.now(), b)
 	if err != nil {
 		// Refused whole (the core changes nothing on an error).
 		return status.Errorf(codes.InvalidArgument, "edgesync: merge snapshot from %s: %v", name, err)
 	}
 	s.sync.log.absorb(v)
-	if err := s.persistTransfer(ctx); err != nil {
+	// The merge may have raised the core's collected points (the
+	// sender's): the GC point this replica reports follows.
+	s.sync.raiseCollectAt(vector(s.st.Collected()))
+	if err := s.checkpointLocked(); err != nil {
 		// The core is ahead of the disk and cannot be rolled back: as when
 		// the committer fails, stop serving.
 		ferr := status.Error(codes.Unavailable, fmt.Sprintf("edge: persisting a merged snapshot failed, the server no longer serves: %v", err))
@@ -232,4 +236,35 @@ func (p *peer) noteHeldVector(v vector) {
 		p.heard[r] = max(p.heard[r], n)
 	}
 	p.mu.Unlock()
+}
+
+// checkpointLocked writes a checkpoint (checkpoint.go) of the state as it
+// is, with the checkpointer's lock and the state lock held and every
+// applied change durable: after a merged snapshot, whose state no change
+// record carries, nothing may be applied, acknowledged or persisted
+// before the state it built is durable (a later change's revision and
+// effects depend on it, and a peer told of the vector must never see it
+// taken back by a crash). So the write happens under the lock, once per
+// snapshot transfer.
+func (s *Server) checkpointLocked() error {
+	c := s.ckpt
+	start := time.Now()
+	c.changes.Store(0)
+	c.bytes.Store(0)
+	snap := s.st.Snapshot()
+	index := s.st.Index()
+	keep, below := s.sync.log.checkpointBase()
+	if keep == 0 {
+		keep = index + 1
+	}
+	err := s.store.Checkpoint(storage.Checkpoint{Index: index, KeepFrom: keep, Snapshot: snap, Meta: encodeCheckpointMeta(below)})
+	if err != nil {
+		c.failures.Inc()
+		return fmt.Errorf("edge: checkpoint after a snapshot merge: %w", err)
+	}
+	c.total.Inc()
+	c.duration.Observe(time.Since(start).Seconds())
+	c.size.Set(float64(len(snap)))
+	c.index.Set(float64(index))
+	return nil
 }

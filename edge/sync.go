@@ -221,6 +221,11 @@ func (y *syncer) start() error {
 	if err := y.servePeers(); err != nil {
 		return err
 	}
+	// What the core collected before a restart stays collected: the GC
+	// point a hello reports starts there.
+	y.s.mu.RLock()
+	y.collectAt = vector(y.s.st.Collected()).clone()
+	y.s.mu.RUnlock()
 	y.running.Store(true)
 	y.wg.Add(1)
 	go func() {

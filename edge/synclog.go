@@ -103,9 +103,8 @@ type logEntry struct {
 // longer here (always a prefix of the chain), and a peer whose vector is
 // below it cannot be caught up from the log (errBehindGC): it gets a
 // snapshot instead (snapshot_transfer.go). A merged snapshot raises
-// trimmed too (absorb): the changes it stood for were never in this log,
-// and those of the log it covers become placeholders (enc nil), never
-// sent, dropped by the next trim.
+// trimmed too (absorb), and empties the log: what a peer lacks of it is
+// then sent as a snapshot as well.
 type syncLog struct {
 	mu      sync.Mutex
 	base    uint64 // index of entries[0]
@@ -120,18 +119,6 @@ type syncLog struct {
 	// trimmed is, per replica, how many of its changes GC dropped from
 	// entries: the first trimmed[r] of r's chain.
 	trimmed vector
-	// gone keeps the place of the trimmed changes the core still knows by
-	// hash: only, per replica, the one at the stable point (trim), since
-	// core.Collect forgets the hashes below it (gc.go) and keeps that one
-	// while it may be a head. So position (the receiver's duplicate check,
-	// ReplicationStatus, WaitReplicated) answers for the changes in the log
-	// and for the heads a client asks about after its writes, and gone
-	// holds at most one hash per replica. A hash collected is answered as
-	// unknown: ReplicationStatus reports it held by no peer and
-	// WaitReplicated NotFound; it is older than what every member holding
-	// GC reported holding (the receiver's duplicate check falls back on
-	// the core's, by stamp).
-	gone map[core.Hash]chainPos
 	// changed is closed (and replaced) whenever durable advances.
 	changed chan struct{}
 }
@@ -144,15 +131,8 @@ func newSyncLog(now func() time.Time) *syncLog {
 		applied: make(vector),
 		dvec:    make(vector),
 		trimmed: make(vector),
-		gone:    make(map[core.Hash]chainPos),
 		changed: make(chan struct{}),
 	}
-}
-
-// chainPos is a change's place in its author's chain.
-type chainPos struct {
-	replica core.ReplicaID
-	seq     uint64
 }
 
 // add records an applied change (index order). Recovered changes pass
@@ -229,15 +209,13 @@ func (l *syncLog) has(id core.Hash) bool {
 	return ok
 }
 
-// position is the (replica, seq) of a change applied here.
+// position is the (replica, seq) of a change in the log (syncer.position
+// answers for the others).
 func (l *syncLog) position(id core.Hash) (core.ReplicaID, uint64, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	i, ok := l.byHash[id]
 	if !ok {
-		if g, ok := l.gone[id]; ok {
-			return g.replica, g.seq, true
-		}
 		return 0, 0, false
 	}
 	e := l.entries[i-l.base]
@@ -394,11 +372,6 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 			c.next++
 			continue
 		}
-		if e.enc == nil {
-			// A change a merged snapshot stood for (absorb): the peer
-			// needs one too.
-			return nil, nil, fmt.Errorf("%w: it lacks change %d of replica %x, which came here in a snapshot", errBehindGC, e.seq, uint64(e.replica))
-		}
 		if len(out) > 0 && size+len(e.enc) > maxBytes {
 			break
 		}
@@ -420,21 +393,14 @@ func (l *syncLog) trim(stable vector) int {
 	k := 0
 	for k < len(l.entries) && l.base+uint64(k) <= l.durable {
 		e := &l.entries[k]
-		// A placeholder (absorb) stands for nothing to send.
-		if e.enc != nil && e.seq > stable[e.replica] {
+		if e.seq > stable[e.replica] {
 			break
 		}
 		k++
 	}
 	for i := 0; i < k; i++ {
 		e := &l.entries[i]
-		if e.enc == nil {
-			// Counted in trimmed, and out of byHash and chains, by absorb.
-			*e = logEntry{}
-			continue
-		}
 		delete(l.byHash, e.id)
-		l.gone[e.id] = chainPos{replica: e.replica, seq: e.seq}
 		l.trimmed[e.replica]++
 		l.bytes -= int64(len(e.enc))
 		// A replica's chain is in index order: its front is this entry.
@@ -447,50 +413,37 @@ func (l *syncLog) trim(stable vector) int {
 	}
 	l.entries = l.entries[k:]
 	l.base += uint64(k)
-	// The core forgets the hashes below the stable point (gc.go).
-	for id, g := range l.gone {
-		if g.seq < stable[g.replica] {
-			delete(l.gone, id)
-		}
-	}
 	return k
 }
 
 // absorb records that a merged snapshot (snapshot_transfer.go) stood for
-// the changes v counts: they are applied here without being in the log.
-// Per replica, applied and durable counts rise to v, trimmed too (the
-// changes are not in the log to send), and the entries v covers (a prefix
-// of each replica's chain in the log) become placeholders: a peer lacking
-// them needs a snapshot as well. The caller holds the state lock and every
-// applied change is durable (the committer drained), so no add races it.
+// the changes v counts: they are applied and durable here without being
+// in the log. The log is emptied: per replica, every change held is
+// counted as trimmed (the state, not the log, now carries them), and a
+// peer lacking any of them gets a snapshot too. Dropping only what v
+// covers would leave holes in the log's index order (a changes of this
+// replica's own the sender lacked sits between covered ones), and a
+// checkpoint rebuilds the log from its first index with the counts below
+// it (checkpoint.go), which holes would break. The caller holds the state
+// lock and every applied change is durable (the committer drained), so no
+// add races it.
 func (l *syncLog) absorb(v vector) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	covered := map[core.ReplicaID]int{}
-	for i := range l.entries {
-		e := &l.entries[i]
-		if e.enc == nil || e.seq > v[e.replica] {
-			continue
-		}
-		delete(l.byHash, e.id)
-		l.bytes -= int64(len(e.enc))
-		e.enc = nil
-		covered[e.replica]++
+	if l.base != 0 || len(l.entries) != 0 {
+		l.base += uint64(len(l.entries))
 	}
-	for r, n := range covered {
-		ch := l.chains[r]
-		clear(ch[:n])
-		l.chains[r] = ch[n:]
-	}
-	for id, g := range l.gone {
-		if g.seq <= v[g.replica] {
-			delete(l.gone, id)
-		}
-	}
+	clear(l.entries)
+	l.entries = nil
+	clear(l.byHash)
+	clear(l.chains)
+	l.bytes = 0
 	for r, n := range v {
 		l.applied[r] = max(l.applied[r], n)
-		l.dvec[r] = max(l.dvec[r], n)
-		l.trimmed[r] = max(l.trimmed[r], n)
+	}
+	for r, n := range l.applied {
+		l.dvec[r] = n
+		l.trimmed[r] = n
 	}
 	close(l.changed)
 	l.changed = make(chan struct{})
