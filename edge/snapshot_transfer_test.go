@@ -2,9 +2,11 @@ package edge
 
 import (
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,11 +61,22 @@ func newGCMesh(t *testing.T, names []string, retention time.Duration, now func()
 		if now != nil {
 			cfg.Now = now
 		}
+		if testing.Verbose() {
+			cfg.Logger = slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", name)
+		}
 	}
 	for _, n := range names {
 		m.c.start(n)
 	}
 	return m
+}
+
+// tlogWriter sends a replica's log lines to the test's log (-v only).
+type tlogWriter struct{ t *testing.T }
+
+func (w tlogWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(b), "\n"))
+	return len(b), nil
 }
 
 // newestReport is the newest vector s knows member id reported.
@@ -128,10 +141,18 @@ func TestGCStabilityWaitsForInFlightChange(t *testing.T) {
 	if naive[ra] < delSeq {
 		t.Fatalf("naive stable point %v does not cover the delete (a's change %d): the test shows nothing", naive, delSeq)
 	}
-	// Compacted, x is a tombstone-only record: kept for its winner until
-	// stable. Several acks go by (probes every 100 ms): it must stay.
-	if _, err := ca.Compact(ctx, del.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+	// Compacted past the delete (etcd keeps a tombstone at the compaction
+	// revision itself), x is a tombstone-only record: kept for its winner
+	// until stable. Several acks go by (probes every 100 ms): it must stay.
+	after, err := ca.Put(ctx, "after", "1")
+	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := ca.Compact(ctx, after.Header.Revision, clientv3.WithCompactPhysical()); err != nil {
+		t.Fatal(err)
+	}
+	if n := tombstones(a); n != 1 {
+		t.Fatalf("after compaction a keeps %d tombstone-only records, want 1 (x)", n)
 	}
 	rounds := metricValue(t, a.reg, "aether_edge_sync_rounds_total", "c")
 	eventually(t, 20*time.Second, "more rounds between a and c", func() bool {
@@ -187,7 +208,11 @@ func TestGCSnapshotRebootstrap(t *testing.T) {
 	c.mu.RUnlock()
 	watch := recordWatch(t, c, "c-all", "", from)
 
-	m.partition([]string{"a", "b"}, []string{"c"})
+	// Cut, not blackholed: a blackholed stream stalls and resumes on heal
+	// with what was sent meanwhile (a replay), while c must come back
+	// lacking what a and b dropped.
+	m.cut("a", "c")
+	m.cut("b", "c")
 	var cWrites []string
 	for i := range 5 {
 		k, v := fmt.Sprintf("c/%d", i), fmt.Sprintf("away-%d", i)
@@ -211,6 +236,13 @@ func TestGCSnapshotRebootstrap(t *testing.T) {
 		}
 		last = resp.Header.Revision
 	}
+	// etcd keeps a tombstone at the compaction revision itself: compact
+	// past the last delete.
+	resp, err := ca.Put(ctx, "after", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last = resp.Header.Revision
 	waitGCConverged(t, []*Server{a, b})
 	for _, s := range []*Server{a, b} {
 		if _, err := newClientQuiet(t, s).Compact(ctx, last, clientv3.WithCompactPhysical()); err != nil {
@@ -227,9 +259,11 @@ func TestGCSnapshotRebootstrap(t *testing.T) {
 		})
 	}
 	for _, s := range []*Server{a, b} {
-		eventually(t, 20*time.Second, "a and b to stop waiting for c and collect", func() bool {
-			return metricValue(t, s.reg, "aether_edge_gc_peer_holds", "c") == 0 && logLen(s) == 0 &&
-				metricValue(t, s.reg, "aether_edge_gc_collected_keys_total", "") >= 3
+		eventually(t, 20*time.Second, s.cfg.Name+" to stop waiting for c and collect", func() bool {
+			holds := metricValue(t, s.reg, "aether_edge_gc_peer_holds", "c")
+			keys := metricValue(t, s.reg, "aether_edge_gc_collected_keys_total", "")
+			t.Logf("%s: holds{c}=%v log=%d collected keys=%v tombstones=%d", s.cfg.Name, holds, logLen(s), keys, tombstones(s))
+			return holds == 0 && logLen(s) == 0 && keys >= 3
 		})
 	}
 
@@ -254,9 +288,12 @@ func TestGCSnapshotRebootstrap(t *testing.T) {
 				t.Fatalf("%s: c's acknowledged write %s is %q", s.cfg.Name, w, kv[k])
 			}
 		}
-		for i := range 8 {
+		for i := range 10 {
 			k := fmt.Sprintf("k%d", i)
 			want := map[bool]string{true: "v1", false: ""}[i < 5]
+			if i >= 8 {
+				want = "v0"
+			}
 			if kv[k] != want {
 				t.Fatalf("%s: %s = %q, want %q (deleted keys must stay deleted)", s.cfg.Name, k, kv[k], want)
 			}
