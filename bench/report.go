@@ -38,7 +38,7 @@ const (
 )
 
 // Scenarios lists every scenario group in the order Run runs them.
-var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioEdgePartition, ScenarioEdgeConvergence, ScenarioPeerWatch, ScenarioKubernetes}
+var Scenarios = []string{ScenarioRegistrar, ScenarioReplication, ScenarioFanout, ScenarioDisruption, ScenarioXDS, ScenarioEdge, ScenarioEdgeScale, ScenarioEdgePartition, ScenarioEdgeConvergence, ScenarioEdgeHistory, ScenarioPeerWatch, ScenarioKubernetes}
 
 // selected reports which groups o asks for, or an error naming an unknown one.
 func (o Options) selected() (map[string]bool, error) {
@@ -81,6 +81,7 @@ type Report struct {
 	// EdgePartition is nil when the scenario was skipped (not root).
 	EdgePartition   *EdgePartitionResult   `json:"edge_partition,omitempty"`
 	EdgeConvergence *EdgeConvergenceResult `json:"edge_convergence,omitempty"`
+	EdgeHistory     *EdgeHistoryResult     `json:"edge_history,omitempty"`
 	Kubernetes      *KubernetesResult      `json:"kubernetes,omitempty"`
 }
 
@@ -161,6 +162,11 @@ func Run(ctx context.Context, o Options, command string, w io.Writer) (Report, e
 	}
 	if sel[ScenarioEdgeConvergence] {
 		if err := runEdgeConvergence(ctx, o, &r, w); err != nil {
+			return r, err
+		}
+	}
+	if sel[ScenarioEdgeHistory] {
+		if err := runEdgeHistory(ctx, o, &r, w); err != nil {
 			return r, err
 		}
 	}
@@ -279,6 +285,9 @@ func (r Report) sections() []section {
 	}
 	if r.EdgeConvergence != nil {
 		out = append(out, section{edgeConvBeginMark, edgeConvEndMark, r.edgeConvergenceMarkdown})
+	}
+	if r.EdgeHistory != nil {
+		out = append(out, section{edgeHistoryBeginMark, edgeHistoryEndMark, r.edgeHistoryMarkdown})
 	}
 	if r.PeerWatch != nil {
 		out = append(out, section{peerBeginMark, peerEndMark, r.peerWatchMarkdown})

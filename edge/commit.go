@@ -162,6 +162,7 @@ func (c *committer) persist(b *batch) {
 	}
 	s.metrics.observeBatch(len(b.recs), time.Since(start))
 	s.sync.durable(b.recs[len(b.recs)-1].Index)
+	s.ckpt.noteDurable(b.recs)
 	// Watchers see the changes once durable, before the writers hear back:
 	// a client that got its response and then watches from the next
 	// revision cannot miss it either way.

@@ -50,12 +50,12 @@ type edgeProc struct {
 	stderr   strings.Builder
 }
 
-// startEdge starts `aether edge` on dataDir with ephemeral ports and
-// returns once it logged etcd's ready line, whose client-urls give the
-// port it got.
-func startEdge(t *testing.T, bin, dataDir string) *edgeProc {
+// startEdge starts `aether edge` on dataDir with ephemeral ports (and
+// extra flags) and returns once it logged etcd's ready line, whose
+// client-urls give the port it got.
+func startEdge(t *testing.T, bin, dataDir string, extra ...string) *edgeProc {
 	t.Helper()
-	cmd := exec.Command(bin, "edge",
+	cmd := exec.Command(bin, append([]string{"edge",
 		"--name", "crash",
 		"--data-dir", dataDir,
 		"--listen-client-urls", "http://127.0.0.1:0",
@@ -63,7 +63,7 @@ func startEdge(t *testing.T, bin, dataDir string) *edgeProc {
 		"--listen-peer-urls", "http://127.0.0.1:0",
 		"--initial-advertise-peer-urls", "http://127.0.0.1:0",
 		"--initial-cluster", "crash=http://127.0.0.1:0",
-	)
+	}, extra...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -68,8 +68,8 @@ func total(v vector) uint64 {
 }
 
 // TestSyncLogTrim: the log drops the longest durable prefix the stable
-// vector covers, keeps answering position for what it dropped, and
-// refuses a cursor for a peer lacking a dropped change.
+// vector covers (position then answers from the core: syncer.position)
+// and refuses a cursor for a peer lacking a dropped change.
 func TestSyncLogTrim(t *testing.T) {
 	l := newSyncLog(time.Now)
 	order := []core.ReplicaID{1, 2, 1, 3, 2, 1} // a1 b1 a2 c1 b2 a3
@@ -93,8 +93,11 @@ func TestSyncLogTrim(t *testing.T) {
 	if n, _ := l.stats(); n != 3 {
 		t.Fatalf("%d entries left, want 3", n)
 	}
-	if r, seq, ok := l.position(ids[2]); !ok || r != 1 || seq != 2 {
-		t.Fatalf("position of trimmed a2 = %d %d %v", r, seq, ok)
+	if _, _, ok := l.position(ids[2]); ok {
+		t.Fatal("the log still answers for trimmed a2")
+	}
+	if r, seq, ok := l.position(ids[3]); !ok || r != 3 || seq != 1 {
+		t.Fatalf("position of c1 = %d %d %v", r, seq, ok)
 	}
 	if _, err := l.newCursor(vector{1: 1, 2: 1}); err == nil {
 		t.Fatal("a peer lacking trimmed a2 got a cursor")
@@ -210,77 +213,6 @@ func TestGCAbsentPeerHoldsBack(t *testing.T) {
 		eventually(t, 20*time.Second, n+"'s log to be trimmed", func() bool { return logLen(c.srv[n]) == 0 })
 	}
 	_ = acked
-}
-
-// TestGCPeerRetention: a peer away past --peer-retention stops holding GC
-// back; on return, lacking trimmed changes, it is refused loudly (metric)
-// instead of being sent a log with a hole, while its own writes still
-// reach the others.
-func TestGCPeerRetention(t *testing.T) {
-	names := []string{"a", "b", "c"}
-	// Time passes on a clock the test moves (shared by the replicas), so
-	// "within the retention" is not a race with the machine's load.
-	const retention = 10 * time.Second
-	clk := &offsetClock{}
-	c := gcCluster(t, names, retention)
-	mod := c.mod
-	c.mod = func(name string, cfg *Config) {
-		mod(name, cfg)
-		cfg.Now = clk.now
-	}
-	for _, n := range names {
-		c.start(n)
-	}
-	ctx := testCtx(t)
-	load(ctx, t, c.srv["a"], "a", 1, 20)
-	waitGCConverged(t, c.running())
-	c.stop("c")
-	load(ctx, t, c.srv["a"], "a", 2, 100)
-	waitGCConverged(t, c.running())
-	for _, n := range []string{"a", "b"} {
-		if got := logLen(c.srv[n]); got < 100 {
-			t.Fatalf("%s trimmed changes c lacks within the retention: %d left", n, got)
-		}
-	}
-	// Past the retention in steps shorter than it, each waiting for a and
-	// b to hear each other again: only c goes unheard for that long.
-	for step := 0; step < 4; step++ {
-		clk.advance(retention / 3)
-		at := clk.now()
-		eventually(t, 20*time.Second, "a and b to ack each other", func() bool {
-			return !c.srv["a"].sync.byID[c.srv["b"].memberID].state().lastSync.Before(at) &&
-				!c.srv["b"].sync.byID[c.srv["a"].memberID].state().lastSync.Before(at)
-		})
-	}
-	for _, n := range []string{"a", "b"} {
-		s := c.srv[n]
-		if h := metricValue(t, s.reg, "aether_edge_gc_peer_holds", "b"); n == "a" && h != 1 {
-			t.Fatalf("a: gc_peer_holds{b} = %v: a live peer stopped holding GC back", h)
-		}
-		eventually(t, 20*time.Second, n+" to stop waiting for c", func() bool {
-			return metricValue(t, s.reg, "aether_edge_gc_peer_holds", "c") == 0 && logLen(s) == 0
-		})
-	}
-	cs := c.start("c")
-	for _, n := range []string{"a", "b"} {
-		s := c.srv[n]
-		eventually(t, 20*time.Second, n+" to refuse c", func() bool {
-			return metricValue(t, s.reg, "aether_edge_gc_peer_refused_total", "c") >= 1 &&
-				metricValue(t, s.reg, "aether_edge_gc_peer_behind", "c") == 1
-		})
-	}
-	// c's own writes still reach a and b.
-	load(ctx, t, cs, "c", 3, 10)
-	cr := core.ReplicaID(cs.st.Replica())
-	eventually(t, 20*time.Second, "c's writes to reach a", func() bool {
-		return c.srv["a"].sync.log.durableVector()[cr] == cs.sync.log.durableVector()[cr]
-	})
-	// And c was not half caught up: it still lacks all of a's changes
-	// made while it was away.
-	ar := c.srv["a"].st.Replica()
-	if got, want := cs.sync.log.durableVector()[ar], c.srv["a"].sync.log.durableVector()[ar]; got >= want {
-		t.Fatalf("c holds %d of a's %d changes after being refused", got, want)
-	}
 }
 
 // TestGCLogFlatUnderSustainedWrites measures the sync log's length and the

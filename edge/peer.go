@@ -39,6 +39,10 @@ type peer struct {
 	probes    map[uint64]vector // what was sent before each probe in flight
 	// behind: the peer was found lacking changes GC dropped (gc.go).
 	behind bool
+	// snapshotAsked: the peer refused our changes for parents it
+	// collected; the next stream starts with a snapshot
+	// (snapshot_transfer.go).
+	snapshotAsked bool
 }
 
 func newPeer(y *syncer, m member) (*peer, error) {
@@ -162,7 +166,14 @@ func (p *peer) session(ctx context.Context) error {
 	p.connected = true
 	p.mu.Unlock()
 	p.y.metrics.rounds.WithLabelValues(p.m.name).Inc()
-	cur, err := p.y.log.newCursor(vectorOf(first.GetVector()))
+	pv := vectorOf(first.GetVector())
+	if ok, why := p.wantsSnapshot(pv, vectorOf(first.GetGcPoint())); ok {
+		if pv, err = p.sendSnapshot(stream, why); err != nil {
+			p.refuseBehind(err)
+			return err
+		}
+	}
+	cur, err := p.y.log.newCursor(pv)
 	if err != nil {
 		p.refuseBehind(err)
 		return err
@@ -214,6 +225,7 @@ func (p *peer) session(ctx context.Context) error {
 				return fmt.Errorf("send probe: %w", err)
 			}
 		case err := <-errc:
+			p.noteRefusal(err)
 			return err
 		case <-ctx.Done():
 			return ctx.Err()
@@ -260,6 +272,7 @@ func (p *peer) noteAck(ack *edgesyncv1.Ack) {
 	p.acked = v
 	p.lastSync = p.y.s.now()
 	p.mu.Unlock()
+	p.y.noteReports(p.m.id, ack)
 	p.y.kick()
 	p.y.gc()
 }

@@ -138,7 +138,11 @@ func (h *pushServer) Push(stream edgesyncv1.EdgeSync_PushServer) error {
 		s.log.Warn("refusing a peer's sync stream", "peer", name, "err", err)
 		return err
 	}
-	if err := stream.Send(&edgesyncv1.Ack{MemberId: s.memberID, Vector: y.log.durableVector().proto()}); err != nil {
+	// The GC point tells a sender holding less that its changes may name
+	// parents collected here (snapshot_transfer.go).
+	hack := &edgesyncv1.Ack{MemberId: s.memberID, Vector: y.log.durableVector().proto(),
+		Members: y.stab.relay(s.now()), GcPoint: y.collectPoint().proto()}
+	if err := stream.Send(hack); err != nil {
 		return err
 	}
 	return h.receive(stream, name, y.byID[hello.GetMemberId()])
@@ -183,6 +187,7 @@ func (h *pushServer) receive(stream edgesyncv1.EdgeSync_PushServer, name string,
 		cancel()
 		wg.Wait()
 	}()
+	var snap snapshotBuf
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -198,12 +203,37 @@ func (h *pushServer) receive(stream edgesyncv1.EdgeSync_PushServer, name string,
 			return err
 		default:
 		}
-		y.metrics.changesRecv.WithLabelValues(name).Add(float64(len(req.GetChanges())))
 		y.metrics.bytesRecv.WithLabelValues(name).Add(float64(proto.Size(req)))
+		if c := req.GetSnapshot(); c != nil {
+			b, last, err := snap.add(c)
+			if err != nil {
+				return err
+			}
+			if !last {
+				continue
+			}
+			if err := s.mergeTransfer(ctx, name, from, b, vectorOf(c.GetVector())); err != nil {
+				s.log.Warn("merging a snapshot from a peer failed", "peer", name, "err", err)
+				return togRPC(err)
+			}
+			// Durable already: the ack follows those queued before it.
+			select {
+			case queue <- pending{probe: req.GetProbe()}:
+			case err := <-ackErr:
+				return err
+			}
+			continue
+		}
+		y.metrics.changesRecv.WithLabelValues(name).Add(float64(len(req.GetChanges())))
 		b, n, err := s.applyChanges(from, req.GetChanges())
 		if err != nil {
 			s.log.Warn("merging changes from a peer failed", "peer", name, "merged", n, "err", err)
 			if errors.Is(err, core.ErrMissingParents) {
+				if y.collectPoint().sum() > 0 {
+					// The parents may be hashes collected here: the
+					// sender is to send a snapshot (snapshot_transfer.go).
+					return status.Errorf(codes.OutOfRange, "edgesync: %v; this replica collected history below its GC point", err)
+				}
 				return status.Errorf(codes.FailedPrecondition, "edgesync: %v", err)
 			}
 			return togRPC(err)
@@ -254,11 +284,12 @@ func (h *pushServer) ack(ctx context.Context, stream edgesyncv1.EdgeSync_PushSer
 			}
 		}
 		vec := h.y.log.durableVector().proto()
+		members := h.y.stab.relay(s.now())
 		if len(probes) == 0 {
 			probes = []uint64{0}
 		}
 		for i, id := range probes {
-			a := &edgesyncv1.Ack{MemberId: s.memberID, Vector: vec, Probe: id}
+			a := &edgesyncv1.Ack{MemberId: s.memberID, Vector: vec, Probe: id, Members: members}
 			if i == 0 {
 				a.Applied = uint64(applied)
 			}
@@ -301,7 +332,7 @@ func (s *Server) applyChanges(from *peer, encs [][]byte) (*batch, int, error) {
 	for _, enc := range encs {
 		// Held already: skip it without decoding (the usual duplicate is a
 		// change that reached us through another peer first).
-		if r, seq, ok := s.sync.log.position(sha256.Sum256(enc)); ok {
+		if r, seq, ok := s.sync.position(sha256.Sum256(enc)); ok {
 			if from != nil {
 				from.noteHeard(r, seq)
 			}
@@ -333,10 +364,23 @@ func (s *Server) applyChanges(from *peer, encs [][]byte) (*batch, int, error) {
 	return b, n, merr
 }
 
+// position is the (replica, seq) of a change applied here: from the sync
+// log, else from the core (changes trimmed from the log but not collected
+// by the core). A change the core collected is unknown: causally stable,
+// it is older than what every member holding GC reported holding, and its
+// hash is gone by design (gc.go); ReplicationStatus reports it held by no
+// peer, WaitReplicated NotFound. The caller holds the state lock.
+func (y *syncer) position(id core.Hash) (core.ReplicaID, uint64, bool) {
+	if r, seq, ok := y.log.position(id); ok {
+		return r, seq, true
+	}
+	return y.s.st.ChainPos(id)
+}
+
 // peerStatus answers ReplicationStatus: for each peer, which of hashes it
 // is known to hold (its acked vector covers the change's place in its
-// author's chain). A hash this replica does not hold is reported held by
-// no one.
+// author's chain). A hash this replica does not know (position) is
+// reported held by no one. The caller holds the state lock.
 func (y *syncer) peerStatus(hashes [][]byte) []*edgev1.PeerStatus {
 	type pos struct {
 		r   core.ReplicaID
@@ -347,7 +391,7 @@ func (y *syncer) peerStatus(hashes [][]byte) []*edgev1.PeerStatus {
 	for i, h := range hashes {
 		var id core.Hash
 		copy(id[:], h)
-		ps[i].r, ps[i].seq, ps[i].ok = y.log.position(id)
+		ps[i].r, ps[i].seq, ps[i].ok = y.position(id)
 	}
 	mine := y.log.durableVector()
 	out := make([]*edgev1.PeerStatus, 0, len(y.peers))

@@ -118,6 +118,13 @@ type Config struct {
 	// passes it); a zero retention compacts nothing (autocompact.go).
 	AutoCompactionMode      string
 	AutoCompactionRetention time.Duration
+	// CheckpointChanges and CheckpointBytes: a checkpoint (checkpoint.go)
+	// is written once this many changes, or this many bytes of encoded
+	// changes, became durable since the last one. 0 means the default
+	// (DefaultCheckpointChanges, DefaultCheckpointBytes); negative turns
+	// that trigger off (both off: the log is kept whole and replayed whole).
+	CheckpointChanges int
+	CheckpointBytes   int64
 	// ValueMerge is how concurrent writes of a value merge: "bytes" (or
 	// empty; whole-value last writer wins) or "json" (every key merges as
 	// a JSON document, field by field: edge/internal/core/merge_json.go).
@@ -141,6 +148,7 @@ type Server struct {
 	reg    *prometheus.Registry
 	store  *storage.Log
 	commit *committer
+	ckpt   *checkpointer // checkpoint.go
 	hub    *hub
 	// autoCompact is etcd's compactor when a retention is set.
 	autoCompact *autoCompactor
@@ -262,12 +270,17 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	}
 	s.reqID = newReqIDGen(s.memberID, s.now())
 	s.hub = newHub(s, s.st.Rev())
+	s.ckpt = newCheckpointer(s)
 	s.commit = newCommitter(s)
 	s.loopCtx, s.stopLoops = context.WithCancel(context.Background())
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
 		s.leaseLoop(s.loopCtx)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.ckpt.run(s.loopCtx)
 	}()
 
 	if err := s.serve(); err != nil {
@@ -304,18 +317,19 @@ func (s *Server) recover(ctx context.Context) error {
 	if err := s.checkValueMergeMeta(); err != nil {
 		return err
 	}
-	s.st = core.New(core.ReplicaID(s.memberID))
+	cp, fromCheckpoint, err := s.store.LastCheckpoint()
+	if err != nil {
+		return fmt.Errorf("edge: %w", err)
+	}
+	if fromCheckpoint {
+		if err := s.restoreCheckpoint(cp); err != nil {
+			return fmt.Errorf("edge: recover from %s: %w", s.cfg.DataDir, err)
+		}
+	} else {
+		s.st = core.New(core.ReplicaID(s.memberID))
+	}
 	s.st.SetMaxTxnOps(s.maxTxnOps)
 	s.st.SetValueMerge(s.valueMerge)
-	// Storage can hold a checkpoint (a state snapshot bounding the log),
-	// but the core has no snapshot encoding yet, so this server never
-	// writes one; refuse a data dir that has one rather than replay only
-	// the changes after it.
-	if idx, _, err := s.store.Snapshot(); err != nil {
-		return fmt.Errorf("edge: read checkpoint: %w", err)
-	} else if idx > 0 {
-		return fmt.Errorf("edge: %s holds a checkpoint at index %d, which this build cannot restore", s.cfg.DataDir, idx)
-	}
 	n := 0
 	compacted, err := s.store.Load(func(r storage.Record) error {
 		n++
@@ -325,22 +339,30 @@ func (s *Server) recover(ctx context.Context) error {
 				return err
 			}
 		}
-		if err := s.st.Replay(r.Change, r.Index, r.Rev); err != nil {
-			return fmt.Errorf("replay change %d (rev %d): %w", r.Index, r.Rev, err)
+		// A record the checkpoint covers is in the restored state; the
+		// sync log still needs it (checkpoint.go).
+		if !fromCheckpoint || r.Index > cp.Index {
+			if err := s.st.Replay(r.Change, r.Index, r.Rev); err != nil {
+				return fmt.Errorf("replay change %d (rev %d): %w", r.Index, r.Rev, err)
+			}
 		}
 		return s.sync.log.addRecovered(r.Index, r.ID, r.Change)
 	})
 	if err != nil {
 		return fmt.Errorf("edge: recover from %s: %w", s.cfg.DataDir, err)
 	}
-	if compacted > 0 {
-		// A compaction is persisted only after the changes up to it are
-		// durable, so it never exceeds the recovered revision; clamp anyway
-		// rather than refuse to start.
-		if rev := s.st.Rev(); compacted > rev {
-			s.log.Warn("persisted compaction is past the recovered revision; clamping", "compacted", compacted, "revision", rev)
-			compacted = rev
-		}
+	// A checkpoint may hold a compaction not yet persisted (that waits for
+	// the changes up to it to be durable), and one persisted after the
+	// checkpoint is past the snapshot's.
+	//
+	// A compaction is persisted only after the changes up to it are
+	// durable, so it never exceeds the recovered revision; clamp anyway
+	// rather than refuse to start.
+	if rev := s.st.Rev(); compacted > rev {
+		s.log.Warn("persisted compaction is past the recovered revision; clamping", "compacted", compacted, "revision", rev)
+		compacted = rev
+	}
+	if compacted > s.st.CompactRev() {
 		if err := s.st.Compact(compacted); err != nil {
 			return fmt.Errorf("edge: restore compaction at %d: %w", compacted, err)
 		}
@@ -349,7 +371,7 @@ func (s *Server) recover(ctx context.Context) error {
 	// since the time the server was down must not expire them.
 	s.st.PromoteLeases(s.now())
 	s.recountQuota()
-	s.log.Info("recovered", "changes", n, "revision", s.st.Rev(), "index", s.st.Index(), "compacted", compacted)
+	s.log.Info("recovered", "changes", n, "checkpoint", cp.Index, "revision", s.st.Rev(), "index", s.st.Index(), "compacted", s.st.CompactRev())
 	return nil
 }
 

@@ -88,7 +88,7 @@ package edge
 // and once the owner expires or revokes it, the revoke reaches the others
 // on heal and deletes the keys there as ordinary events.
 //
-// # Later parts, and how they fit
+// # The parts built on this
 //
 //   - Partitions (fault proxy): nothing to add to the protocol; a cut link
 //     is a broken or silent stream (gRPC keepalive ends it), and
@@ -97,25 +97,21 @@ package edge
 //     instead of the value; the protocol sends changes as before, and the
 //     Push stream's metadata carries the value-merge setting, which the
 //     receiver checks (valuemerge.go).
-//   - GC of causally stable changes: the acked vectors are exactly what a
-//     replica knows each peer holds; the elementwise minimum over every
-//     live replica is the stable point. In a complete graph a replica
-//     hears every vector itself; with Config.SyncPeers a subset, acks will
-//     have to relay the vectors a replica knows of the others (a repeated
-//     field on Ack). The log then keeps a per-replica base
-//     (entries below it dropped) and a peer whose vector is below the base
-//     gets a snapshot (a Hello/Ack extension: "snapshot follows") instead
-//     of a change replay. Compaction (local, etcd's) keeps the hashes of
-//     the changes it drops as applied, so a peer's change on an old parent
-//     still merges; GC is what will finally drop them.
-//   - Bounded memory: with Config.HistoryGC the sync log's prefix below
-//     the stable point is cut (gc.go), and a peer behind it is refused;
-//     snapshot transfer and the DAG's and tombstones' GC are still to do.
+//   - GC of causally stable history (gc.go): every ack relays the
+//     durable vectors its sender knows of every member (Ack.members), so
+//     each replica learns every member's, subset topologies included; the
+//     stable point trims the sync log and has the core collect forgotten
+//     hashes and tombstones.
+//   - A peer behind a GC point (it lacks changes no longer kept, or its
+//     changes may name parents its peer collected) is re-bootstrapped by
+//     snapshot transfer on the Push stream (snapshot_transfer.go), then
+//     pushed to from its new vector as before.
 
 import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aethermesh/aether/edge/internal/core"
@@ -152,6 +148,17 @@ type syncer struct {
 	peers []*peer
 	byID  map[uint64]*peer
 
+	// stab is every member's reported vectors (gc.go); running is set
+	// once start has built it and the peers, so gc (the committer's hook)
+	// never sees them half made.
+	stab    *stability
+	running atomic.Bool
+	// collectAt is the highest stable vector seen: what the core is to
+	// collect at; collectKick wakes collectLoop.
+	collectMu   sync.Mutex
+	collectAt   vector
+	collectKick chan struct{}
+
 	// waitCh is closed (and replaced) when a peer's known holdings grow
 	// (sync_ext.go).
 	waitMu sync.Mutex
@@ -165,7 +172,7 @@ type syncer struct {
 
 func newSyncer(s *Server) *syncer {
 	y := &syncer{s: s, log: newSyncLog(s.now), interval: s.cfg.SyncInterval, byID: map[uint64]*peer{}, waitCh: make(chan struct{}),
-		retention: s.cfg.PeerRetention, started: s.now()}
+		retention: s.cfg.PeerRetention, started: s.now(), collectAt: vector{}, collectKick: make(chan struct{}, 1)}
 	if y.interval <= 0 {
 		y.interval = DefaultSyncInterval
 	}
@@ -193,12 +200,14 @@ func (y *syncer) durable(index uint64) {
 
 // start serves the peer URLs and starts a sender per peer.
 func (y *syncer) start() error {
+	y.stab = newStability(y.s.memberID, y.s.members)
 	y.metrics = newSyncMetrics(y)
 	y.gcm = newGCMetrics(y)
 	peers, err := y.s.syncPeers()
 	if err != nil {
 		return err
 	}
+
 	// The peers exist before the peer server serves: its handlers look
 	// senders up in byID, which is not written after.
 	for _, m := range peers {
@@ -212,6 +221,17 @@ func (y *syncer) start() error {
 	if err := y.servePeers(); err != nil {
 		return err
 	}
+	// What the core collected before a restart stays collected: the GC
+	// point a hello reports starts there.
+	y.s.mu.RLock()
+	y.collectAt = vector(y.s.st.Collected()).clone()
+	y.s.mu.RUnlock()
+	y.running.Store(true)
+	y.wg.Add(1)
+	go func() {
+		defer y.wg.Done()
+		y.collectLoop(y.ctx)
+	}()
 	for _, p := range y.peers {
 		y.wg.Add(1)
 		go func() {
@@ -219,6 +239,8 @@ func (y *syncer) start() error {
 			p.run(y.ctx)
 		}()
 	}
+	// What was recovered may be stable already (a lone replica).
+	y.gc()
 	return nil
 }
 

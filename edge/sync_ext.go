@@ -40,7 +40,7 @@ func (e *extServer) WaitReplicated(ctx context.Context, r *edgev1.WaitReplicated
 		for _, h := range r.Hashes {
 			var id core.Hash
 			copy(id[:], h)
-			if _, _, ok := y.log.position(id); !ok {
+			if _, _, ok := y.position(id); !ok {
 				return status.Errorf(codes.NotFound, "edge: change %x is not on this replica", h)
 			}
 		}
@@ -51,7 +51,10 @@ func (e *extServer) WaitReplicated(ctx context.Context, r *edgev1.WaitReplicated
 	for {
 		wake := y.waiter()
 		var holders []uint64
-		for _, p := range y.peerStatus(r.Hashes) {
+		e.s.mu.RLock()
+		ps := y.peerStatus(r.Hashes)
+		e.s.mu.RUnlock()
+		for _, p := range ps {
 			all := true
 			for _, ok := range p.Has {
 				all = all && ok

@@ -24,6 +24,21 @@ func (v vector) clone() vector {
 	return out
 }
 
+// sum is how many changes v counts.
+func (v vector) sum() uint64 {
+	var n uint64
+	for _, c := range v {
+		n += c
+	}
+	return n
+}
+
+// equal reports whether v and o count the same changes (a missing entry
+// is zero).
+func (v vector) equal(o vector) bool {
+	return v.lacks(o) == 0 && o.lacks(v) == 0
+}
+
 // lacks is how many changes v holds that o does not (replication lag in
 // changes when v is this replica's and o a peer's).
 func (v vector) lacks(o vector) uint64 {
@@ -84,9 +99,12 @@ type logEntry struct {
 // before a crash could no longer take it back.
 //
 // GC (gc.go) cuts the log's prefix below the stable point, what every
-// peer holds: trimmed counts, per replica, the changes of its chain no
+// member holds: trimmed counts, per replica, the changes of its chain no
 // longer here (always a prefix of the chain), and a peer whose vector is
-// below it cannot be caught up from the log (errBehindGC).
+// below it cannot be caught up from the log (errBehindGC): it gets a
+// snapshot instead (snapshot_transfer.go). A merged snapshot raises
+// trimmed too (absorb), and empties the log: what a peer lacks of it is
+// then sent as a snapshot as well.
 type syncLog struct {
 	mu      sync.Mutex
 	base    uint64 // index of entries[0]
@@ -101,12 +119,6 @@ type syncLog struct {
 	// trimmed is, per replica, how many of its changes GC dropped from
 	// entries: the first trimmed[r] of r's chain.
 	trimmed vector
-	// gone keeps the place of each trimmed change, so position (the
-	// receiver's duplicate check, ReplicationStatus, WaitReplicated) still
-	// answers for it. A hash and two integers per change instead of the
-	// encoding; like the core's forgotten set it is bounded only by DAG GC
-	// (not done yet).
-	gone map[core.Hash]chainPos
 	// changed is closed (and replaced) whenever durable advances.
 	changed chan struct{}
 }
@@ -119,15 +131,8 @@ func newSyncLog(now func() time.Time) *syncLog {
 		applied: make(vector),
 		dvec:    make(vector),
 		trimmed: make(vector),
-		gone:    make(map[core.Hash]chainPos),
 		changed: make(chan struct{}),
 	}
-}
-
-// chainPos is a change's place in its author's chain.
-type chainPos struct {
-	replica core.ReplicaID
-	seq     uint64
 }
 
 // add records an applied change (index order). Recovered changes pass
@@ -204,15 +209,13 @@ func (l *syncLog) has(id core.Hash) bool {
 	return ok
 }
 
-// position is the (replica, seq) of a change applied here.
+// position is the (replica, seq) of a change in the log (syncer.position
+// answers for the others).
 func (l *syncLog) position(id core.Hash) (core.ReplicaID, uint64, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	i, ok := l.byHash[id]
 	if !ok {
-		if g, ok := l.gone[id]; ok {
-			return g.replica, g.seq, true
-		}
 		return 0, 0, false
 	}
 	e := l.entries[i-l.base]
@@ -313,6 +316,13 @@ func (l *syncLog) newCursor(pv vector) (*cursor, error) {
 // refuses it loudly instead (gc.go).
 var errBehindGC = errors.New("edge: peer is behind this replica's GC point")
 
+// behindErr is behind for a caller not holding l.mu.
+func (l *syncLog) behindErr(v vector) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.behind(v)
+}
+
 // behind reports, for what a peer holds (v), whether it lacks a trimmed
 // change. The caller holds l.mu.
 func (l *syncLog) behind(v vector) error {
@@ -391,7 +401,6 @@ func (l *syncLog) trim(stable vector) int {
 	for i := 0; i < k; i++ {
 		e := &l.entries[i]
 		delete(l.byHash, e.id)
-		l.gone[e.id] = chainPos{replica: e.replica, seq: e.seq}
 		l.trimmed[e.replica]++
 		l.bytes -= int64(len(e.enc))
 		// A replica's chain is in index order: its front is this entry.
@@ -405,6 +414,39 @@ func (l *syncLog) trim(stable vector) int {
 	l.entries = l.entries[k:]
 	l.base += uint64(k)
 	return k
+}
+
+// absorb records that a merged snapshot (snapshot_transfer.go) stood for
+// the changes v counts: they are applied and durable here without being
+// in the log. The log is emptied: per replica, every change held is
+// counted as trimmed (the state, not the log, now carries them), and a
+// peer lacking any of them gets a snapshot too. Dropping only what v
+// covers would leave holes in the log's index order (a changes of this
+// replica's own the sender lacked sits between covered ones), and a
+// checkpoint rebuilds the log from its first index with the counts below
+// it (checkpoint.go), which holes would break. The caller holds the state
+// lock and every applied change is durable (the committer drained), so no
+// add races it.
+func (l *syncLog) absorb(v vector) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.base != 0 || len(l.entries) != 0 {
+		l.base += uint64(len(l.entries))
+	}
+	clear(l.entries)
+	l.entries = nil
+	clear(l.byHash)
+	clear(l.chains)
+	l.bytes = 0
+	for r, n := range v {
+		l.applied[r] = max(l.applied[r], n)
+	}
+	for r, n := range l.applied {
+		l.dvec[r] = n
+		l.trimmed[r] = n
+	}
+	close(l.changed)
+	l.changed = make(chan struct{})
 }
 
 // trimmedVector is, per replica, how many of its changes GC dropped.

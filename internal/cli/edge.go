@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -53,6 +54,14 @@ const (
 	edgeDefaultMaxRequest     = 1572864 // 1.5 MiB
 	edgeDefaultMaxTxnOps      = 128
 	edgeEnvPrefix             = "ETCD"
+	// Not etcd's: edge.DefaultCheckpointChanges and
+	// edge.DefaultCheckpointBytes (this package does not import edge).
+	edgeDefaultCheckpointChanges = 10000
+	edgeDefaultCheckpointBytes   = 64 << 20
+	// Checkpoints closer together than this cost more than the replay
+	// they save: each writes the whole state.
+	edgeMinCheckpointChanges = 100
+	edgeMinCheckpointBytes   = 1 << 20
 )
 
 // edgeFlagClass is how the edge command treats an etcd flag it does not
@@ -222,6 +231,8 @@ type edgeSettings struct {
 	SyncInterval                                                             time.Duration // --sync-interval
 	HistoryGC                                                                bool          // --history-gc (edge/gc.go)
 	PeerRetention                                                            time.Duration // --peer-retention
+	CheckpointChanges                                                        int           // --checkpoint-changes (edge/checkpoint.go; <0: off)
+	CheckpointBytes                                                          int64         // --checkpoint-bytes (<0: off)
 	ValueMerge                                                               string        // --value-merge
 	ValueMergePrefixes                                                       []string      // --value-merge-prefix (JSON prefixes)
 	Logger                                                                   *slog.Logger
@@ -261,6 +272,7 @@ type edgeFlags struct {
 	syncInterval                               time.Duration
 	historyGC                                  bool
 	peerRetention                              time.Duration
+	checkpointChanges, checkpointBytes         int64
 	valueMerge, valueMergePrefix               string
 	version                                    bool
 	other                                      map[string]*capturedFlag
@@ -313,6 +325,8 @@ func newEdgeFlags(args []string) *edgeFlags {
 	fs.DurationVar(&f.syncInterval, "sync-interval", 0, "Anti-entropy round interval per peer (0: 5s).")
 	fs.BoolVar(&f.historyGC, "history-gc", false, "Drop changes from the in-memory sync log once every peer holds them (bounded memory).")
 	fs.DurationVar(&f.peerRetention, "peer-retention", 0, "With --history-gc, how long a peer may go unheard before it stops holding GC back (0: forever). A peer that returns lacking dropped changes is refused and must be replaced by a new member.")
+	fs.Int64Var(&f.checkpointChanges, "checkpoint-changes", edgeDefaultCheckpointChanges, "Write a checkpoint (the whole state, with the change log before the sync log's first held change deleted) once this many changes became durable since the last one; 0: no change-count trigger. Like etcd's --snapshot-count.")
+	fs.Int64Var(&f.checkpointBytes, "checkpoint-bytes", edgeDefaultCheckpointBytes, "Write a checkpoint once this many bytes of encoded changes became durable since the last one; 0: no byte trigger (both 0: the log is kept and replayed whole).")
 	fs.StringVar(&f.valueMerge, "value-merge", "bytes", "How concurrent writes of one key merge: 'bytes' (last writer wins) or 'json' (a JSON object merges field by field, recursively; other values last writer wins). Every member must use the same setting.")
 	fs.StringVar(&f.valueMergePrefix, "value-merge-prefix", "", "Comma-separated PREFIX=json entries: keys under PREFIX merge as JSON, the others as --value-merge bytes (e.g. '/config/=json'). Every member must use the same setting.")
 	fs.BoolVar(&f.version, "version", false, "Print the version and exit.")
@@ -578,6 +592,9 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 	}
 	s.HistoryGC = f.historyGC
 	s.PeerRetention = f.peerRetention
+	if s.CheckpointChanges, s.CheckpointBytes, err = checkpointSettings(f.checkpointChanges, f.checkpointBytes); err != nil {
+		return err
+	}
 	if s.ValueMerge, s.ValueMergePrefixes, err = valueMergeSettings(f.valueMerge, f.valueMergePrefix); err != nil {
 		return err
 	}
@@ -860,6 +877,33 @@ func compactionRetention(mode, retention string) (string, time.Duration, error) 
 		return "", 0, fmt.Errorf("--auto-compaction-retention %q: want a duration such as 5m, or a number of hours", retention)
 	}
 	return mode, d, nil
+}
+
+// checkpointSettings checks --checkpoint-changes and --checkpoint-bytes and
+// turns them into edge.Config's (where 0 is the default and negative off).
+func checkpointSettings(changes, bytes int64) (int, int64, error) {
+	if changes < 0 {
+		return 0, 0, fmt.Errorf("--checkpoint-changes must not be negative, got %d (0 turns the change-count trigger off)", changes)
+	}
+	if bytes < 0 {
+		return 0, 0, fmt.Errorf("--checkpoint-bytes must not be negative, got %d (0 turns the byte trigger off)", bytes)
+	}
+	if changes > 0 && changes < edgeMinCheckpointChanges {
+		return 0, 0, fmt.Errorf("--checkpoint-changes %d is under %d: every checkpoint writes the whole state, so checkpointing that often costs more than the replay it saves (0 turns the trigger off)", changes, edgeMinCheckpointChanges)
+	}
+	if bytes > 0 && bytes < edgeMinCheckpointBytes {
+		return 0, 0, fmt.Errorf("--checkpoint-bytes %d is under %d (1 MiB): every checkpoint writes the whole state, so checkpointing that often costs more than the replay it saves (0 turns the trigger off)", bytes, edgeMinCheckpointBytes)
+	}
+	if changes > math.MaxInt32 {
+		return 0, 0, fmt.Errorf("--checkpoint-changes %d is over %d", changes, math.MaxInt32)
+	}
+	off := func(v int64) int64 {
+		if v == 0 {
+			return -1
+		}
+		return v
+	}
+	return int(off(changes)), off(bytes), nil
 }
 
 // valueMergeSettings reads --value-merge and --value-merge-prefix.

@@ -33,3 +33,31 @@ func TestEdgeGCFlags(t *testing.T) {
 		}
 	}
 }
+
+// The checkpoint flags reach the server's config (0 there is the default,
+// so the flags' 0, "off", becomes negative); values that would checkpoint
+// absurdly often, or negative ones, are refused by name.
+func TestEdgeCheckpointFlags(t *testing.T) {
+	base := []string{"--name", "a", "--data-dir", t.TempDir()}
+	if cfg := mustEdge(t, nil, base...).settings.edgeConfig(); cfg.CheckpointChanges != 10000 || cfg.CheckpointBytes != 64<<20 {
+		t.Fatalf("defaults: checkpoint every %d changes, %d bytes", cfg.CheckpointChanges, cfg.CheckpointBytes)
+	}
+	cfg := mustEdge(t, nil, append(base, "--checkpoint-changes", "5000", "--checkpoint-bytes", "0")...).settings.edgeConfig()
+	if cfg.CheckpointChanges != 5000 || cfg.CheckpointBytes >= 0 {
+		t.Fatalf("--checkpoint-changes 5000 --checkpoint-bytes 0: %d changes, %d bytes", cfg.CheckpointChanges, cfg.CheckpointBytes)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--checkpoint-changes", "-1"}, "--checkpoint-changes must not be negative"},
+		{[]string{"--checkpoint-bytes", "-5"}, "--checkpoint-bytes must not be negative"},
+		{[]string{"--checkpoint-changes", "10"}, "--checkpoint-changes 10 is under 100"},
+		{[]string{"--checkpoint-bytes", "4096"}, "--checkpoint-bytes 4096 is under 1048576 (1 MiB)"},
+	} {
+		res := runEdgeCLI(t, nil, append(base, tc.args...)...)
+		if res.err == nil || !strings.Contains(res.err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want %q", tc.args, res.err, tc.want)
+		}
+	}
+}

@@ -39,6 +39,8 @@ func (s *edgeSettings) edgeConfig() edge.Config {
 		SyncInterval:                s.SyncInterval,
 		HistoryGC:                   s.HistoryGC,
 		PeerRetention:               s.PeerRetention,
+		CheckpointChanges:           s.CheckpointChanges,
+		CheckpointBytes:             s.CheckpointBytes,
 		ValueMerge:                  s.ValueMerge,
 		ValueMergePrefixes:          s.ValueMergePrefixes,
 	}

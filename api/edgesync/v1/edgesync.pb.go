@@ -31,6 +31,12 @@
 //      ack even when nothing new is sent: that is the periodic anti-entropy
 //      round, and a vector short of what was sent makes the sender resend.
 //
+//   5. Acks relay every member's reported durable vector (members), from
+//      which each replica computes the causally stable point that bounds
+//      its history (edge/gc.go). A receiver behind a GC point of the pair
+//      is sent a state snapshot (snapshot) instead of changes, then changes
+//      from the vector in the snapshot's ack (edge/snapshot_transfer.go).
+//
 // One round trip (hello, vector) settles what is missing whatever the
 // history's length.
 
@@ -60,7 +66,15 @@ type PushRequest struct {
 	Changes [][]byte `protobuf:"bytes,2,rep,name=changes,proto3" json:"changes,omitempty"`
 	// Non-zero: answer with an Ack carrying this probe, once every change
 	// sent before it on this stream is durable (or refused).
-	Probe         uint64 `protobuf:"varint,3,opt,name=probe,proto3" json:"probe,omitempty"`
+	Probe uint64 `protobuf:"varint,3,opt,name=probe,proto3" json:"probe,omitempty"`
+	// A piece of the sender's state snapshot (edge/snapshot_transfer.go),
+	// sent instead of changes when the receiver is behind a GC point of the
+	// pair (it lacks changes the sender no longer keeps, or its own changes
+	// may name parents the receiver no longer knows). The pieces of one
+	// snapshot follow each other on the stream; the last one carries a probe,
+	// answered once the merged snapshot is durable at the receiver. Changes
+	// follow from the receiver's vector in that ack.
+	Snapshot      *SnapshotChunk `protobuf:"bytes,4,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -116,6 +130,87 @@ func (x *PushRequest) GetProbe() uint64 {
 	return 0
 }
 
+func (x *PushRequest) GetSnapshot() *SnapshotChunk {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+type SnapshotChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Bytes of the snapshot (core TransferSnapshot), in order.
+	Data []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	// The snapshot's total size, in every chunk: the receiver refuses one
+	// that grows past it.
+	Size uint64 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// Set on the last chunk.
+	Last bool `protobuf:"varint,3,opt,name=last,proto3" json:"last,omitempty"`
+	// On the last chunk: the vector the snapshot stands for (the sender's
+	// durable vector when it took it, every applied change durable).
+	Vector        []*VectorEntry `protobuf:"bytes,4,rep,name=vector,proto3" json:"vector,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotChunk) Reset() {
+	*x = SnapshotChunk{}
+	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotChunk) ProtoMessage() {}
+
+func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
+func (*SnapshotChunk) Descriptor() ([]byte, []int) {
+	return file_aether_edgesync_v1_edgesync_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SnapshotChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *SnapshotChunk) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+func (x *SnapshotChunk) GetVector() []*VectorEntry {
+	if x != nil {
+		return x.Vector
+	}
+	return nil
+}
+
 type Hello struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The sender's etcd-style member and cluster ids. A receiver of another
@@ -131,7 +226,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[1]
+	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -143,7 +238,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[1]
+	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -156,7 +251,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_aether_edgesync_v1_edgesync_proto_rawDescGZIP(), []int{1}
+	return file_aether_edgesync_v1_edgesync_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Hello) GetMemberId() uint64 {
@@ -195,14 +290,24 @@ type Ack struct {
 	// The probe answered, 0 for an ordinary ack.
 	Probe uint64 `protobuf:"varint,3,opt,name=probe,proto3" json:"probe,omitempty"`
 	// Changes of the acked batch that this receiver did not hold before.
-	Applied       uint64 `protobuf:"varint,4,opt,name=applied,proto3" json:"applied,omitempty"`
+	Applied uint64 `protobuf:"varint,4,opt,name=applied,proto3" json:"applied,omitempty"`
+	// Every member's durable vector as that member last reported it, as far
+	// as the receiver knows (its own is vector): directly in a member's acks,
+	// or relayed in others'. Causal stability (edge/gc.go) needs every
+	// member's, not only the sync peers'.
+	Members []*MemberVector `protobuf:"bytes,5,rep,name=members,proto3" json:"members,omitempty"`
+	// Only in the first ack of a stream: the receiver's GC point (per
+	// replica, how many of its changes the receiver no longer keeps the
+	// hashes of). A sender holding less than that of some replica may name
+	// parents the receiver no longer knows: it sends a snapshot first.
+	GcPoint       []*VectorEntry `protobuf:"bytes,6,rep,name=gc_point,json=gcPoint,proto3" json:"gc_point,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[2]
+	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -214,7 +319,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[2]
+	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -227,7 +332,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_aether_edgesync_v1_edgesync_proto_rawDescGZIP(), []int{2}
+	return file_aether_edgesync_v1_edgesync_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Ack) GetMemberId() uint64 {
@@ -258,6 +363,85 @@ func (x *Ack) GetApplied() uint64 {
 	return 0
 }
 
+func (x *Ack) GetMembers() []*MemberVector {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *Ack) GetGcPoint() []*VectorEntry {
+	if x != nil {
+		return x.GcPoint
+	}
+	return nil
+}
+
+type MemberVector struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	MemberId uint64                 `protobuf:"varint,1,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	// The member's durable vector when it reported it.
+	Vector []*VectorEntry `protobuf:"bytes,2,rep,name=vector,proto3" json:"vector,omitempty"`
+	// How long ago (nanoseconds) the sender of the ack last learnt of this
+	// report, from the member itself or relayed: members past
+	// --peer-retention stop holding GC back, and relayed reports keep a
+	// member that is no one's direct peer heard of.
+	AgeNanos      uint64 `protobuf:"varint,3,opt,name=age_nanos,json=ageNanos,proto3" json:"age_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemberVector) Reset() {
+	*x = MemberVector{}
+	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemberVector) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemberVector) ProtoMessage() {}
+
+func (x *MemberVector) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemberVector.ProtoReflect.Descriptor instead.
+func (*MemberVector) Descriptor() ([]byte, []int) {
+	return file_aether_edgesync_v1_edgesync_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *MemberVector) GetMemberId() uint64 {
+	if x != nil {
+		return x.MemberId
+	}
+	return 0
+}
+
+func (x *MemberVector) GetVector() []*VectorEntry {
+	if x != nil {
+		return x.Vector
+	}
+	return nil
+}
+
+func (x *MemberVector) GetAgeNanos() uint64 {
+	if x != nil {
+		return x.AgeNanos
+	}
+	return 0
+}
+
 type VectorEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A replica id (the member id of the replica that made the changes).
@@ -270,7 +454,7 @@ type VectorEntry struct {
 
 func (x *VectorEntry) Reset() {
 	*x = VectorEntry{}
-	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[3]
+	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -282,7 +466,7 @@ func (x *VectorEntry) String() string {
 func (*VectorEntry) ProtoMessage() {}
 
 func (x *VectorEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[3]
+	mi := &file_aether_edgesync_v1_edgesync_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -295,7 +479,7 @@ func (x *VectorEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VectorEntry.ProtoReflect.Descriptor instead.
 func (*VectorEntry) Descriptor() ([]byte, []int) {
-	return file_aether_edgesync_v1_edgesync_proto_rawDescGZIP(), []int{3}
+	return file_aether_edgesync_v1_edgesync_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *VectorEntry) GetReplica() uint64 {
@@ -316,22 +500,34 @@ var File_aether_edgesync_v1_edgesync_proto protoreflect.FileDescriptor
 
 const file_aether_edgesync_v1_edgesync_proto_rawDesc = "" +
 	"\n" +
-	"!aether/edgesync/v1/edgesync.proto\x12\x12aether.edgesync.v1\"n\n" +
+	"!aether/edgesync/v1/edgesync.proto\x12\x12aether.edgesync.v1\"\xad\x01\n" +
 	"\vPushRequest\x12/\n" +
 	"\x05hello\x18\x01 \x01(\v2\x19.aether.edgesync.v1.HelloR\x05hello\x12\x18\n" +
 	"\achanges\x18\x02 \x03(\fR\achanges\x12\x14\n" +
-	"\x05probe\x18\x03 \x01(\x04R\x05probe\"q\n" +
+	"\x05probe\x18\x03 \x01(\x04R\x05probe\x12=\n" +
+	"\bsnapshot\x18\x04 \x01(\v2!.aether.edgesync.v1.SnapshotChunkR\bsnapshot\"\x84\x01\n" +
+	"\rSnapshotChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12\x12\n" +
+	"\x04last\x18\x03 \x01(\bR\x04last\x127\n" +
+	"\x06vector\x18\x04 \x03(\v2\x1f.aether.edgesync.v1.VectorEntryR\x06vector\"q\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x02 \x01(\x04R\tclusterId\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\rR\aversion\"\x8b\x01\n" +
+	"\aversion\x18\x04 \x01(\rR\aversion\"\x83\x02\n" +
 	"\x03Ack\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x127\n" +
 	"\x06vector\x18\x02 \x03(\v2\x1f.aether.edgesync.v1.VectorEntryR\x06vector\x12\x14\n" +
 	"\x05probe\x18\x03 \x01(\x04R\x05probe\x12\x18\n" +
-	"\aapplied\x18\x04 \x01(\x04R\aapplied\"=\n" +
+	"\aapplied\x18\x04 \x01(\x04R\aapplied\x12:\n" +
+	"\amembers\x18\x05 \x03(\v2 .aether.edgesync.v1.MemberVectorR\amembers\x12:\n" +
+	"\bgc_point\x18\x06 \x03(\v2\x1f.aether.edgesync.v1.VectorEntryR\agcPoint\"\x81\x01\n" +
+	"\fMemberVector\x12\x1b\n" +
+	"\tmember_id\x18\x01 \x01(\x04R\bmemberId\x127\n" +
+	"\x06vector\x18\x02 \x03(\v2\x1f.aether.edgesync.v1.VectorEntryR\x06vector\x12\x1b\n" +
+	"\tage_nanos\x18\x03 \x01(\x04R\bageNanos\"=\n" +
 	"\vVectorEntry\x12\x18\n" +
 	"\areplica\x18\x01 \x01(\x04R\areplica\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count2P\n" +
@@ -350,23 +546,30 @@ func file_aether_edgesync_v1_edgesync_proto_rawDescGZIP() []byte {
 	return file_aether_edgesync_v1_edgesync_proto_rawDescData
 }
 
-var file_aether_edgesync_v1_edgesync_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_aether_edgesync_v1_edgesync_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_aether_edgesync_v1_edgesync_proto_goTypes = []any{
-	(*PushRequest)(nil), // 0: aether.edgesync.v1.PushRequest
-	(*Hello)(nil),       // 1: aether.edgesync.v1.Hello
-	(*Ack)(nil),         // 2: aether.edgesync.v1.Ack
-	(*VectorEntry)(nil), // 3: aether.edgesync.v1.VectorEntry
+	(*PushRequest)(nil),   // 0: aether.edgesync.v1.PushRequest
+	(*SnapshotChunk)(nil), // 1: aether.edgesync.v1.SnapshotChunk
+	(*Hello)(nil),         // 2: aether.edgesync.v1.Hello
+	(*Ack)(nil),           // 3: aether.edgesync.v1.Ack
+	(*MemberVector)(nil),  // 4: aether.edgesync.v1.MemberVector
+	(*VectorEntry)(nil),   // 5: aether.edgesync.v1.VectorEntry
 }
 var file_aether_edgesync_v1_edgesync_proto_depIdxs = []int32{
-	1, // 0: aether.edgesync.v1.PushRequest.hello:type_name -> aether.edgesync.v1.Hello
-	3, // 1: aether.edgesync.v1.Ack.vector:type_name -> aether.edgesync.v1.VectorEntry
-	0, // 2: aether.edgesync.v1.EdgeSync.Push:input_type -> aether.edgesync.v1.PushRequest
-	2, // 3: aether.edgesync.v1.EdgeSync.Push:output_type -> aether.edgesync.v1.Ack
-	3, // [3:4] is the sub-list for method output_type
-	2, // [2:3] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	2, // 0: aether.edgesync.v1.PushRequest.hello:type_name -> aether.edgesync.v1.Hello
+	1, // 1: aether.edgesync.v1.PushRequest.snapshot:type_name -> aether.edgesync.v1.SnapshotChunk
+	5, // 2: aether.edgesync.v1.SnapshotChunk.vector:type_name -> aether.edgesync.v1.VectorEntry
+	5, // 3: aether.edgesync.v1.Ack.vector:type_name -> aether.edgesync.v1.VectorEntry
+	4, // 4: aether.edgesync.v1.Ack.members:type_name -> aether.edgesync.v1.MemberVector
+	5, // 5: aether.edgesync.v1.Ack.gc_point:type_name -> aether.edgesync.v1.VectorEntry
+	5, // 6: aether.edgesync.v1.MemberVector.vector:type_name -> aether.edgesync.v1.VectorEntry
+	0, // 7: aether.edgesync.v1.EdgeSync.Push:input_type -> aether.edgesync.v1.PushRequest
+	3, // 8: aether.edgesync.v1.EdgeSync.Push:output_type -> aether.edgesync.v1.Ack
+	8, // [8:9] is the sub-list for method output_type
+	7, // [7:8] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_aether_edgesync_v1_edgesync_proto_init() }
@@ -380,7 +583,7 @@ func file_aether_edgesync_v1_edgesync_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aether_edgesync_v1_edgesync_proto_rawDesc), len(file_aether_edgesync_v1_edgesync_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

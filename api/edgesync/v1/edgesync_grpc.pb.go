@@ -31,6 +31,12 @@
 //      ack even when nothing new is sent: that is the periodic anti-entropy
 //      round, and a vector short of what was sent makes the sender resend.
 //
+//   5. Acks relay every member's reported durable vector (members), from
+//      which each replica computes the causally stable point that bounds
+//      its history (edge/gc.go). A receiver behind a GC point of the pair
+//      is sent a state snapshot (snapshot) instead of changes, then changes
+//      from the vector in the snapshot's ack (edge/snapshot_transfer.go).
+//
 // One round trip (hello, vector) settles what is missing whatever the
 // history's length.
 

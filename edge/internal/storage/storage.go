@@ -11,10 +11,11 @@
 //   - metadata: the compacted revision and the caller's keys (member id,
 //     cluster id, ...);
 //   - optionally a checkpoint: a snapshot of the caller's state as of an
-//     index, with the records up to it deleted in the same transaction.
-//     It is what bounds the log: recovery is Snapshot, then Load of the
-//     records after it. (The core has no snapshot encoding yet, so the
-//     server does not checkpoint today and the log keeps every change.)
+//     index I, and the first index K <= I+1 the log still keeps, with the
+//     records before K deleted in the same transaction. It is what bounds
+//     the log: recovery is the snapshot, then Load of the records from K
+//     (those up to I are only for the caller's other uses; those after I
+//     are replayed). See Checkpoint.
 //
 // Append is the group commit primitive: the server collects the changes of
 // many concurrent requests, appends them in one call, and acknowledges all
@@ -75,10 +76,14 @@ var (
 	bucketChanges = []byte("changes") // index -> recordVersion|rev|id|change
 	bucketRevs    = []byte("revs")    // rev -> index
 	bucketMeta    = []byte("meta")    // metaCompacted, and "user/"+key
+	// bucketSnapshot holds the checkpoint's snapshot in chunks
+	// (chunk number -> bytes): see snapshotChunk.
+	bucketSnapshot = []byte("snapshot")
 
 	metaCompacted     = []byte("compacted")
-	metaSnapshot      = []byte("snapshot")       // the state as of metaSnapshotIndex
 	metaSnapshotIndex = []byte("snapshot-index") // the last index the snapshot covers
+	metaSnapshotKeep  = []byte("snapshot-keep")  // the first index the checkpoint kept
+	metaSnapshotMeta  = []byte("snapshot-meta")  // the caller's, with the checkpoint
 	userPrefix        = "user/"
 )
 
@@ -597,32 +602,83 @@ func (l *Log) Load(fn func(Record) error) (compacted int64, err error) {
 	return compacted, nil
 }
 
-// Checkpoint bounds the log: in one transaction it stores snapshot, the
-// caller's encoding of its state as of index, and deletes every record up
-// to index (and their revision entries). A crash leaves either the old log
-// or the snapshot and the records after it, never both or neither, so
-// recovery (Snapshot, then Load of what follows) replays each change once.
-// index must not go back, and must not pass the last record.
-func (l *Log) Checkpoint(index uint64, snapshot []byte) error {
+// Checkpoint is a snapshot of the caller's state as of an index, with what
+// the log keeps beside it.
+//
+// Records are kept from KeepFrom on: those in [KeepFrom, Index] are already
+// in the snapshot but still stored, because the caller needs them for
+// something else than its state (the edge server's sync log still sends
+// them to peers that lack them); those after Index are not in the snapshot.
+// Recovery is then: restore Snapshot, and for each record Load yields (all
+// of them from KeepFrom on), replay it when its index is past Index, and
+// only hand it to whatever needed it kept otherwise.
+type Checkpoint struct {
+	// Index is the last index the snapshot covers; 0 is a state that
+	// covers no change of this log (one a peer's snapshot transfer built).
+	Index uint64
+	// KeepFrom is the first index still stored, at most Index+1: every
+	// record before it is deleted with the checkpoint.
+	KeepFrom uint64
+	// Snapshot is the caller's encoding of its state as of Index.
+	Snapshot []byte
+	// Meta is the caller's, stored in the same transaction, so it always
+	// describes this checkpoint's KeepFrom (the edge server: its sync log's
+	// per replica counts of the changes before KeepFrom).
+	Meta []byte
+}
+
+// Checkpoint bounds the log: in one transaction it stores cp and deletes
+// every record before cp.KeepFrom (and their revision entries). A crash
+// leaves either the old checkpoint and records or the new ones, never a
+// mix, so recovery replays each change once and finds every kept record.
+//
+// cp.Index must not pass the last appended record, nor go back (the same
+// index again is allowed: a state can change without a change of this
+// log, as a peer's snapshot transfer does); cp.KeepFrom must be in
+// [1, cp.Index+1] and must not go back either, since the records before
+// the last checkpoint's are gone.
+//
+// It does not defragment: the pages of the deleted records (and of the
+// previous snapshot) go to bbolt's free list, and the appends and the next
+// snapshot reuse them, so under a steady load the file stays at its
+// high-water mark instead of growing (TestCheckpointDiskStaysFlat measures
+// it). Defragment gives the free pages back to the file system when the
+// working set shrinks for good; it copies the whole file with appends
+// blocked, too much to pay on every checkpoint.
+func (l *Log) Checkpoint(cp Checkpoint) error {
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.db == nil {
 		return ErrClosed
 	}
-	// The records it covers must be in bbolt to be deleted with it.
+	if cp.KeepFrom < 1 || cp.KeepFrom > cp.Index+1 {
+		return fmt.Errorf("storage: checkpoint at %d: keep-from %d is not in [1, %d]", cp.Index, cp.KeepFrom, cp.Index+1)
+	}
+	// The records it deletes must be in bbolt to be deleted with it, and
+	// a crash must not bring them back from the write-ahead log.
 	if err := l.flushLocked(); err != nil {
-		return fmt.Errorf("storage: checkpoint at %d: %w", index, err)
+		return fmt.Errorf("storage: checkpoint at %d: %w", cp.Index, err)
 	}
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		meta, changes, revs := tx.Bucket(bucketMeta), tx.Bucket(bucketChanges), tx.Bucket(bucketRevs)
-		if v := meta.Get(metaSnapshotIndex); v != nil && index < binary.BigEndian.Uint64(v) {
-			return fmt.Errorf("index %d is before the last checkpoint at %d", index, binary.BigEndian.Uint64(v))
+		prev, ok, err := checkpointOf(tx)
+		if err != nil {
+			return err
 		}
-		if k, _ := changes.Cursor().Last(); k == nil || binary.BigEndian.Uint64(k) < index {
-			return fmt.Errorf("index %d is past the last stored record", index)
+		if ok {
+			if cp.Index < prev.Index {
+				return fmt.Errorf("index %d is before the last checkpoint at %d", cp.Index, prev.Index)
+			}
+			if cp.KeepFrom < prev.KeepFrom {
+				return fmt.Errorf("keep-from %d is before the last checkpoint's %d: those records are deleted", cp.KeepFrom, prev.KeepFrom)
+			}
+		}
+		if last := lastIndex(tx); cp.Index > last {
+			return fmt.Errorf("index %d is past the last stored record %d", cp.Index, last)
 		}
 		c := changes.Cursor()
-		for k, v := c.First(); k != nil && binary.BigEndian.Uint64(k) <= index; k, v = c.First() {
+		// Delete moves the cursor unpredictably (bbolt #146): start over.
+		for k, v := c.First(); k != nil && binary.BigEndian.Uint64(k) < cp.KeepFrom; k, v = c.First() {
 			if len(v) >= recordHeader {
 				if rev := binary.BigEndian.Uint64(v[1:9]); rev != 0 {
 					if err := revs.Delete(u64(rev)); err != nil {
@@ -634,37 +690,110 @@ func (l *Log) Checkpoint(index uint64, snapshot []byte) error {
 				return fmt.Errorf("delete record %d: %w", binary.BigEndian.Uint64(k), err)
 			}
 		}
-		if err := meta.Put(metaSnapshot, snapshot); err != nil {
+		if err := putSnapshot(tx, cp.Snapshot); err != nil {
 			return err
 		}
-		return meta.Put(metaSnapshotIndex, u64(index))
-	})
-	if err != nil {
-		return fmt.Errorf("storage: checkpoint at %d: %w", index, err)
-	}
-	return nil
-}
-
-// Snapshot returns the last Checkpoint's index and snapshot; 0, nil when
-// there was none. Load then yields the records after index.
-func (l *Log) Snapshot() (index uint64, snapshot []byte, err error) {
-	l.mu.RLock()
-	defer l.mu.RUnlock()
-	if l.db == nil {
-		return 0, nil, ErrClosed
-	}
-	err = l.db.View(func(tx *bolt.Tx) error {
-		meta := tx.Bucket(bucketMeta)
-		if v := meta.Get(metaSnapshotIndex); v != nil {
-			index = binary.BigEndian.Uint64(v)
-			snapshot = bytes.Clone(meta.Get(metaSnapshot))
+		for _, kv := range []struct{ k, v []byte }{
+			{metaSnapshotMeta, cp.Meta},
+			{metaSnapshotKeep, u64(cp.KeepFrom)},
+			// Last: its presence says there is a checkpoint.
+			{metaSnapshotIndex, u64(cp.Index)},
+		} {
+			// bbolt refuses a nil value; an empty one reads back as empty.
+			if err := meta.Put(kv.k, append([]byte{}, kv.v...)); err != nil {
+				return fmt.Errorf("put %s: %w", kv.k, err)
+			}
 		}
 		return nil
 	})
 	if err != nil {
-		return 0, nil, fmt.Errorf("storage: snapshot: %w", err)
+		return fmt.Errorf("storage: checkpoint at %d: %w", cp.Index, err)
 	}
-	return index, snapshot, nil
+	return nil
+}
+
+// snapshotChunk is the size of the values the snapshot is stored in.
+// One value of the whole snapshot would need a run of contiguous free
+// pages as long as itself at every checkpoint, which the pages freed by
+// deleted records (scattered, one or two at a time) seldom offer, so the
+// file would grow to fit it; chunks of 8 pages fit the holes.
+// TestCheckpointDiskStaysFlat measures the difference.
+const snapshotChunk = 8 * 4096
+
+// putSnapshot replaces the stored snapshot by snap.
+func putSnapshot(tx *bolt.Tx, snap []byte) error {
+	if tx.Bucket(bucketSnapshot) != nil {
+		if err := tx.DeleteBucket(bucketSnapshot); err != nil {
+			return fmt.Errorf("delete the previous snapshot: %w", err)
+		}
+	}
+	b, err := tx.CreateBucket(bucketSnapshot)
+	if err != nil {
+		return fmt.Errorf("create snapshot bucket: %w", err)
+	}
+	b.FillPercent = 1 // keys only grow
+	for i := 0; len(snap) > 0 || i == 0; i++ {
+		n := min(len(snap), snapshotChunk)
+		if err := b.Put(u64(uint64(i)), append([]byte{}, snap[:n]...)); err != nil {
+			return fmt.Errorf("put snapshot chunk %d: %w", i, err)
+		}
+		snap = snap[n:]
+	}
+	return nil
+}
+
+// checkpointOf reads the checkpoint in tx; Meta aliases bbolt's memory
+// (valid in the transaction only), Snapshot is a copy.
+func checkpointOf(tx *bolt.Tx) (Checkpoint, bool, error) {
+	meta := tx.Bucket(bucketMeta)
+	v := meta.Get(metaSnapshotIndex)
+	if v == nil {
+		return Checkpoint{}, false, nil
+	}
+	k := meta.Get(metaSnapshotKeep)
+	b := tx.Bucket(bucketSnapshot)
+	if len(v) != 8 || len(k) != 8 || b == nil {
+		return Checkpoint{}, false, fmt.Errorf("checkpoint metadata damaged (index %x, keep-from %x, snapshot bucket %v)", v, k, b != nil)
+	}
+	cp := Checkpoint{Index: binary.BigEndian.Uint64(v), KeepFrom: binary.BigEndian.Uint64(k), Meta: meta.Get(metaSnapshotMeta)}
+	c := b.Cursor()
+	want := uint64(0)
+	for key, val := c.First(); key != nil; key, val = c.Next() {
+		if len(key) != 8 || binary.BigEndian.Uint64(key) != want {
+			return Checkpoint{}, false, fmt.Errorf("snapshot chunk %x where chunk %d belongs", key, want)
+		}
+		cp.Snapshot = append(cp.Snapshot, val...)
+		want++
+	}
+	if cp.Snapshot == nil {
+		cp.Snapshot = []byte{}
+	}
+	return cp, true, nil
+}
+
+// LastCheckpoint returns the last Checkpoint stored, false when there was
+// none. Load then yields the records from its KeepFrom on.
+func (l *Log) LastCheckpoint() (Checkpoint, bool, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.db == nil {
+		return Checkpoint{}, false, ErrClosed
+	}
+	var (
+		cp Checkpoint
+		ok bool
+	)
+	err := l.db.View(func(tx *bolt.Tx) error {
+		var err error
+		if cp, ok, err = checkpointOf(tx); ok {
+			cp.Meta = bytes.Clone(cp.Meta)
+		}
+		return err
+	})
+	if err != nil {
+		return Checkpoint{}, false, fmt.Errorf("storage: read checkpoint: %w", err)
+	}
+	return cp, ok, nil
 }
 
 // IndexOfRevision returns the index of the record that got rev.
