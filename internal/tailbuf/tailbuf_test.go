@@ -17,6 +17,10 @@ func TestBufferKeepsTheTailWithinItsBound(t *testing.T) {
 		if _, err := b.Write([]byte(line)); err != nil {
 			t.Fatal(err)
 		}
+		// Sampled: String copies the buffer.
+		if i%4096 != 0 {
+			continue
+		}
 		if n := len(b.String()); n > Max+len(line) {
 			t.Fatalf("buffer holds %d bytes after %d writes, want at most %d", n, i+1, Max+len(line))
 		}
