@@ -1,17 +1,12 @@
 package server
 
 import (
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/aethermesh/aether/kube/endpointslice"
 	"github.com/aethermesh/aether/registry"
@@ -50,61 +45,6 @@ type EndpointSlicesConfig struct {
 	WriteQPS   float64
 	WriteBurst int
 	Resync     time.Duration
-}
-
-// podNamespaceFile holds a pod's namespace.
-const podNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-// endpointSlicesREST finds the API server and namespace by the rules the
-// kubernetes backend uses (--kubeconfig there): the kubeconfig file, else
-// KUBECONFIG, else in a pod its service account; ~/.kube/config is not
-// read unless named, so a registrar never writes into whichever cluster a
-// developer's kubectl points at. The namespace is the flag's, else the
-// kubeconfig context's, else the pod's (POD_NAMESPACE, then its service
-// account's), else default.
-func endpointSlicesREST(kubeconfig, namespace string) (*rest.Config, string, error) {
-	var (
-		cfg *rest.Config
-		ns  string
-		err error
-	)
-	paths := filepath.SplitList(os.Getenv(clientcmd.RecommendedConfigPathEnvVar))
-	switch {
-	case kubeconfig != "" || len(paths) > 0:
-		source := "--endpointslices-kubeconfig " + kubeconfig
-		if kubeconfig == "" {
-			source = "--endpointslices: KUBECONFIG=" + os.Getenv(clientcmd.RecommendedConfigPathEnvVar)
-		}
-		rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig, Precedence: paths}
-		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
-		if cfg, err = cc.ClientConfig(); err != nil {
-			return nil, "", fmt.Errorf("%s: %w (give a readable kubeconfig with a current context)", source, err)
-		}
-		if ns, _, err = cc.Namespace(); err != nil {
-			return nil, "", fmt.Errorf("%s: namespace: %w", source, err)
-		}
-	default:
-		cfg, err = rest.InClusterConfig()
-		if errors.Is(err, rest.ErrNotInCluster) {
-			return nil, "", errors.New("--endpointslices: no --endpointslices-kubeconfig, no KUBECONFIG, and not running in a pod (KUBERNETES_SERVICE_HOST is unset): give --endpointslices-kubeconfig PATH, or run the registrar in the cluster with a service account")
-		}
-		if err != nil {
-			return nil, "", fmt.Errorf("--endpointslices: the pod's service account: %w (is automountServiceAccountToken off?)", err)
-		}
-		ns = os.Getenv("POD_NAMESPACE")
-		if ns == "" {
-			if b, rerr := os.ReadFile(podNamespaceFile); rerr == nil {
-				ns = strings.TrimSpace(string(b))
-			}
-		}
-	}
-	if namespace != "" {
-		ns = namespace
-	}
-	if ns == "" {
-		ns = "default"
-	}
-	return cfg, ns, nil
 }
 
 // endpointSlices is the reconciler a Server runs, and what it was built
@@ -176,7 +116,9 @@ func (s *Server) setupEndpointSlices() error {
 	if e.Kubeconfig == "" {
 		e.Kubeconfig = s.opts.Kubeconfig
 	}
-	restCfg, ns, err := endpointSlicesREST(e.Kubeconfig, e.Namespace)
+	// The same rules as the backend's (kubeRESTConfig), so that one
+	// kubeconfig serves both.
+	restCfg, ns, _, err := kubeRESTConfig(e.Kubeconfig, e.Namespace, "--endpointslices", "--endpointslices-kubeconfig")
 	if err != nil {
 		return err
 	}

@@ -24,44 +24,49 @@ const BackendKubernetes = "kubernetes"
 // service account's), as client-go's in-cluster client config reads it.
 const serviceAccountNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
-// kubeRESTConfig is how the registrar reaches the API server, the way
-// client-go's tools do it, and where that came from:
+// kubeRESTConfig is how the registrar reaches an API server, the way
+// client-go's tools do it, and where that came from; both users (the
+// kubernetes backend and the EndpointSlice reconciler) locate theirs by
+// it, so one rule answers "which cluster does this registrar write to":
 //
-//   - --kubeconfig, else the KUBECONFIG environment variable (a path
-//     list, merged as kubectl merges it): that file's current context;
+//   - the kubeconfig file given, else the KUBECONFIG environment variable
+//     (a path list, merged as kubectl merges it): that file's current
+//     context;
 //   - else, in a pod (KUBERNETES_SERVICE_HOST set), the pod's service
 //     account (rest.InClusterConfig: its token, renewed by the kubelet and
 //     re-read by client-go, and the cluster CA).
 //
 // ~/.kube/config is deliberately not a fallback, unlike kubectl's: a
 // registrar that silently wrote its registry into whichever cluster a
-// developer's kubectl points at would be a hazard; name it with
-// --kubeconfig. The namespace is --kubernetes-namespace, else the
-// kubeconfig context's, else the pod's (POD_NAMESPACE, then the service
-// account's), else "default".
-func kubeRESTConfig(kubeconfig, namespace string) (cfg *rest.Config, ns, source string, err error) {
+// developer's kubectl points at would be a hazard; name it with the flag.
+// The namespace is the one given, else the kubeconfig context's, else the
+// pod's (POD_NAMESPACE, then the service account's), else "default".
+//
+// feature ("--backend kubernetes") and flag ("--kubeconfig") are what the
+// errors name: the option being set up, and the flag that gives its file.
+func kubeRESTConfig(kubeconfig, namespace, feature, flag string) (cfg *rest.Config, ns, source string, err error) {
 	paths := filepath.SplitList(os.Getenv(clientcmd.RecommendedConfigPathEnvVar))
 	switch {
 	case kubeconfig != "" || len(paths) > 0:
 		rules := &clientcmd.ClientConfigLoadingRules{ExplicitPath: kubeconfig, Precedence: paths}
-		source = "--kubeconfig " + kubeconfig
+		source = flag + " " + kubeconfig
 		if kubeconfig == "" {
 			source = "KUBECONFIG=" + os.Getenv(clientcmd.RecommendedConfigPathEnvVar)
 		}
 		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
 		if cfg, err = cc.ClientConfig(); err != nil {
-			return nil, "", "", fmt.Errorf("--backend kubernetes: %s: %w (give a readable kubeconfig with a current context)", source, err)
+			return nil, "", "", fmt.Errorf("%s: %s: %w (give a readable kubeconfig with a current context)", feature, source, err)
 		}
 		if ns, _, err = cc.Namespace(); err != nil {
-			return nil, "", "", fmt.Errorf("--backend kubernetes: %s: namespace: %w", source, err)
+			return nil, "", "", fmt.Errorf("%s: %s: namespace: %w", feature, source, err)
 		}
 	default:
 		cfg, err = rest.InClusterConfig()
 		if errors.Is(err, rest.ErrNotInCluster) {
-			return nil, "", "", errors.New("--backend kubernetes: no --kubeconfig, no KUBECONFIG, and not running in a pod (KUBERNETES_SERVICE_HOST is unset): give --kubeconfig PATH, or run the registrar in the cluster with a service account")
+			return nil, "", "", fmt.Errorf("%s: no %s, no KUBECONFIG, and not running in a pod (KUBERNETES_SERVICE_HOST is unset): give %s PATH, or run the registrar in the cluster with a service account", feature, flag, flag)
 		}
 		if err != nil {
-			return nil, "", "", fmt.Errorf("--backend kubernetes: the pod's service account: %w (is automountServiceAccountToken off?)", err)
+			return nil, "", "", fmt.Errorf("%s: the pod's service account: %w (is automountServiceAccountToken off?)", feature, err)
 		}
 		source = "the pod's service account"
 		ns = os.Getenv("POD_NAMESPACE")
@@ -85,7 +90,7 @@ func kubeRESTConfig(kubeconfig, namespace string) (cfg *rest.Config, ns, source 
 // the snapshot.
 func (s *Server) loadKubernetes(ctx context.Context) error {
 	opts, log := s.opts, s.opts.Logger
-	rc, ns, source, err := kubeRESTConfig(opts.Kubeconfig, opts.KubernetesNamespace)
+	rc, ns, source, err := kubeRESTConfig(opts.Kubeconfig, opts.KubernetesNamespace, "--backend kubernetes", "--kubeconfig")
 	if err != nil {
 		return err
 	}

@@ -29,9 +29,7 @@ import (
 // Source is what the feed subscribes to: the registrar's in-process
 // Subscribe (registrar.Registrar has it), named here over package
 // replica's types so that xds does not import the registrar.
-type Source interface {
-	Subscribe(services []string, fromVersion string) (*replica.Subscription, error)
-}
+type Source = replica.Subscriber
 
 // DefaultMaxLocalities bounds the consumer localities the feed keeps an
 // EDS cache for (see FeedConfig.MaxLocalities).
@@ -239,47 +237,22 @@ func (f *Feed) Close() {
 }
 
 func (f *Feed) run(ctx context.Context) {
-	last := ""
-	for attempt := 0; ctx.Err() == nil; {
-		sub, err := f.cfg.Source.Subscribe(nil, last)
-		if err != nil {
-			// ErrNotReady before the registrar has loaded, ErrShuttingDown
-			// as it stops: the last resources stay served meanwhile.
-			f.log.Debug("xds feed: subscribe failed, retrying", "err", err, "attempt", attempt)
-			retry.Sleep(ctx, f.cfg.Backoff.Ceiling(attempt), nil)
-			attempt++
-			continue
-		}
-		attempt = 0
-		start := sub.TakeStart()
-		f.mu.Lock()
-		f.inFull, f.inSvcSnp = false, false
-		if start.Resumed {
-			f.applyLocked(start.Missed)
-		} else {
-			f.replaceLocked(start.Snapshot)
-		}
-		f.mu.Unlock()
-		last = start.At.String()
-		for {
-			batch, err := sub.Next(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					f.log.Info("xds feed: subscription cut, resuming", "err", err, "from", last)
-				}
-				break
-			}
+	// Until the next start the last resources stay served, through
+	// refusals (ErrNotReady, ErrShuttingDown) and cuts alike.
+	replica.Follow(ctx, f.cfg.Source, nil, replica.Follower{
+		Name: "xds feed", Log: f.log, Backoff: f.cfg.Backoff,
+		Start: func(start replica.Start) {
 			f.mu.Lock()
-			f.applyLocked(batch)
-			f.mu.Unlock()
-			for _, ev := range batch {
-				if ev.GetVersion() != "" {
-					last = ev.GetVersion()
-				}
+			defer f.mu.Unlock()
+			f.inFull, f.inSvcSnp = false, false
+			if start.Resumed {
+				f.applyLocked(start.Missed)
+			} else {
+				f.replaceLocked(start.Snapshot)
 			}
-		}
-		sub.Close()
-	}
+		},
+		Batch: f.Apply,
+	})
 }
 
 // Apply applies a batch of events in order, as the subscription loop

@@ -476,22 +476,26 @@ func nodeOf(spec *nodeSpec) (*registryv1.Node, error) {
 	return n, nil
 }
 
-// NodeObject is the AetherNode that stores n, kept alive by the Lease named
-// lease: what PutNode writes (create, or update with a resourceVersion
-// precondition set on the result).
-func NodeObject(n *registryv1.Node, lease string) (*unstructured.Unstructured, error) {
+// NodeObject is the AetherNode that stores n, kept alive by the Lease of
+// id lease: spec.lease names it (what NodeOf reports), and the label
+// labelLease carries its id, so the reaper lists a lease's records by
+// selector. It is what PutNode writes (create, or update with a
+// resourceVersion precondition set on the result).
+func NodeObject(n *registryv1.Node, lease int64) (*unstructured.Unstructured, error) {
 	id := registry.NodeIDOf(n)
 	key, err := id.Key()
 	if err != nil {
 		return nil, err
 	}
-	spec, err := nodeSpecOf(key, n, lease)
+	spec, err := nodeSpecOf(key, n, leaseName(lease))
 	if err != nil {
 		return nil, err
 	}
+	meta := recordMeta(NodeObjectName(key, id.Name), key)
+	meta.Labels[labelLease] = leaseHex(lease)
 	obj := &nodeObject{
 		TypeMeta:   metav1.TypeMeta{APIVersion: Group + "/" + Version, Kind: "AetherNode"},
-		ObjectMeta: recordMeta(NodeObjectName(key, id.Name), key),
+		ObjectMeta: meta,
 		Spec:       spec,
 	}
 	return toUnstructured(obj)

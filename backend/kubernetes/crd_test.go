@@ -96,13 +96,16 @@ func TestNodeRoundTrip(t *testing.T) {
 		Stamp:       &registryv1.WriteStamp{Hlc: 99, Writer: "w"},
 	}
 	everyField(t, n)
-	u, err := NodeObject(n, "aether-node-x")
+	u, err := NodeObject(n, 0x4d)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if l := u.GetLabels()[labelLease]; l != "4d" {
+		t.Fatalf("label %s = %q, want 4d (the reaper selects a lease's records by it)", labelLease, l)
+	}
 	u.SetResourceVersion("7")
 	got, lease, rev, err := NodeOf(u)
-	if err != nil || lease != "aether-node-x" || rev != 7 || !proto.Equal(got, n) {
+	if err != nil || lease != leaseName(0x4d) || rev != 7 || !proto.Equal(got, n) {
 		t.Fatalf("round trip: %v %q %d %v, want %v", got, lease, rev, err, n)
 	}
 }

@@ -71,7 +71,7 @@ func (s *Store) PutNode(ctx context.Context, n *registryv1.Node, lease int64) (i
 			}
 		}
 	}
-	obj, err := nodeRecordObject(n, lease)
+	obj, err := NodeObject(n, lease)
 	if err != nil {
 		return 0, fmt.Errorf("kubernetes: put node %s: %w: %v", key, backend.ErrInvalidMutation, err)
 	}
@@ -289,20 +289,4 @@ func (r *reaper) sweep(ctx context.Context) error {
 		}
 		opts.Continue = list.GetContinue()
 	}
-}
-
-// nodeRecordObject is n's AetherNode under lease (crd.go's NodeObject),
-// labelled with the lease for the reaper's listings.
-func nodeRecordObject(n *registryv1.Node, lease int64) (*unstructured.Unstructured, error) {
-	u, err := NodeObject(n, leaseName(lease))
-	if err != nil {
-		return nil, err
-	}
-	labels := u.GetLabels()
-	if labels == nil {
-		labels = map[string]string{}
-	}
-	labels[labelLease] = leaseHex(lease)
-	u.SetLabels(labels)
-	return u, nil
 }

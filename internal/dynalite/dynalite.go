@@ -29,6 +29,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/aethermesh/aether/internal/tailbuf"
 )
 
 // InstallHint is the command that installs dynalite where Path looks.
@@ -55,7 +57,7 @@ func Path() (string, error) {
 type Server struct {
 	Endpoint string // http://127.0.0.1:PORT, the shield's
 	cmd      *exec.Cmd
-	out      *syncBuffer
+	out      *tailbuf.Buffer
 	done     chan struct{}
 	shield   *http.Server
 	client   *http.Client // the shield's, to dynalite
@@ -87,7 +89,7 @@ func start(bin string, extra []string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &syncBuffer{}
+	out := &tailbuf.Buffer{}
 	args := append([]string{"--host", "127.0.0.1", "--port", strconv.Itoa(port),
 		"--createTableMs", "0", "--deleteTableMs", "0", "--updateTableMs", "0"}, extra...)
 	cmd := exec.Command(bin, args...)
@@ -211,21 +213,4 @@ func (h *shield) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = w.Write(answer) // a client that has gone simply misses it
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

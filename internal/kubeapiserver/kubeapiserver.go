@@ -11,7 +11,6 @@
 package kubeapiserver
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/rsa"
@@ -36,6 +35,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/aethermesh/aether/internal/tailbuf"
 )
 
 // BuildHint is the command that builds the binaries where Dir looks.
@@ -107,7 +108,7 @@ type Server struct {
 	AdminToken string
 
 	cmd      *exec.Cmd
-	out      *syncBuffer
+	out      *tailbuf.Buffer
 	done     chan struct{}
 	stopOnce sync.Once
 }
@@ -127,7 +128,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{AdminToken: token, out: &syncBuffer{}}
+	s := &Server{AdminToken: token, out: &tailbuf.Buffer{}}
 	keyFile := filepath.Join(cfg.Dir, "sa.key")
 	if err := writeServiceAccountKey(keyFile); err != nil {
 		return nil, err
@@ -187,7 +188,7 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 			break
 		}
 	}
-	return nil, fmt.Errorf("%w\n--- kube-apiserver output (tail)\n%s", lastErr, Tail(s.out.String(), 60))
+	return nil, fmt.Errorf("%w\n--- kube-apiserver output (tail)\n%s", lastErr, s.out.Tail(60))
 }
 
 func (s *Server) waitReady(ctx context.Context) error {
@@ -312,43 +313,4 @@ func modTime(p string) time.Time {
 		return time.Time{}
 	}
 	return st.ModTime()
-}
-
-// Tail is the last n lines of s.
-func Tail(s string, lines int) string {
-	parts := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(parts) > lines {
-		parts = parts[len(parts)-lines:]
-	}
-	return strings.Join(parts, "\n")
-}
-
-// syncBuffer is a bytes.Buffer the child's output and its readers may use
-// at once, keeping only about the last MiB.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.b.Len() > 4<<20 {
-		rest := append([]byte(nil), b.b.Bytes()[b.b.Len()-1<<20:]...)
-		b.b.Reset()
-		b.b.Write(rest)
-	}
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-func (b *syncBuffer) Reset() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.b.Reset()
 }

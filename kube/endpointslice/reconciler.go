@@ -28,9 +28,7 @@ import (
 // Source is what the reconciler follows: the registrar's in-process
 // Subscribe (registrar.Registrar has it), named over package replica's
 // types as xds.Source is, so this package does not import the registrar.
-type Source interface {
-	Subscribe(services []string, fromVersion string) (*replica.Subscription, error)
-}
+type Source = replica.Subscriber
 
 // Defaults of ReconcilerConfig.
 const (
@@ -204,53 +202,29 @@ func (r *Reconciler) Close() {
 	}
 }
 
-// feed follows the registrar, as the xDS feed does: subscribe to all
-// services, apply the start and every batch, resume from the last
-// version on a cut.
+// feed follows the registrar (replica.Follow, as the xDS feed does) and
+// wakes the worker after each start and batch it applied.
 func (r *Reconciler) feed(ctx context.Context) {
-	last := ""
-	for attempt := 0; ctx.Err() == nil; {
-		sub, err := r.cfg.Source.Subscribe(nil, last)
-		if err != nil {
-			// ErrNotReady before the registrar has loaded, ErrShuttingDown
-			// as it stops.
-			r.log.Debug("endpointslices: subscribe failed, retrying", "err", err, "attempt", attempt)
-			retry.Sleep(ctx, r.cfg.Backoff.Ceiling(attempt), nil)
-			attempt++
-			continue
-		}
-		attempt = 0
-		start := sub.TakeStart()
-		r.mu.Lock()
-		r.inFull, r.inSvcSnp = false, false
-		if start.Resumed {
-			r.applyLocked(start.Missed)
-		} else {
-			r.replaceLocked(start.Snapshot)
-		}
-		r.mu.Unlock()
-		r.signal()
-		last = start.At.String()
-		for {
-			batch, err := sub.Next(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					r.log.Info("endpointslices: subscription cut, resuming", "err", err, "from", last)
-				}
-				break
+	replica.Follow(ctx, r.cfg.Source, nil, replica.Follower{
+		Name: "endpointslices", Log: r.log, Backoff: r.cfg.Backoff,
+		Start: func(start replica.Start) {
+			r.mu.Lock()
+			r.inFull, r.inSvcSnp = false, false
+			if start.Resumed {
+				r.applyLocked(start.Missed)
+			} else {
+				r.replaceLocked(start.Snapshot)
 			}
+			r.mu.Unlock()
+			r.signal()
+		},
+		Batch: func(batch []*registrarv1.EndpointEvent) {
 			r.mu.Lock()
 			r.applyLocked(batch)
 			r.mu.Unlock()
 			r.signal()
-			for _, ev := range batch {
-				if ev.GetVersion() != "" {
-					last = ev.GetVersion()
-				}
-			}
-		}
-		sub.Close()
-	}
+		},
+	})
 }
 
 func (r *Reconciler) signal() {

@@ -1,10 +1,13 @@
 // Package replica is the vocabulary a registrar replica shares with its
 // front ends (the gRPC adapter in registrar/grpcapi, and in-process
 // consumers such as an xDS feed or a status page): the errors its calls
-// return, the write check a caller may attach, and the subscription a watcher reads events from.
+// return, the write check a caller may attach, the subscription a watcher
+// reads events from, and Follow, the one loop that keeps a front end's copy
+// of the replica's view across cuts.
 //
-// It imports only the API's messages, registry and the registrar's pure
-// core (whose errors it re-exports), so
+// It imports only the API's messages, registry, the project's backoff
+// (internal/retry) and the registrar's pure core (whose errors it
+// re-exports), so
 // that both the registrar (which implements the calls) and a front end
 // (which must not depend on *registrar.Registrar, only on the methods it
 // calls) can name the same types: an interface method in the front end

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/aethermesh/aether/internal/kubeapiserver"
+	"github.com/aethermesh/aether/internal/tailbuf"
 	"github.com/aethermesh/aether/internal/testutil/etcdtest"
 )
 
@@ -109,7 +110,7 @@ func Start(t testing.TB, opts ...Option) *Server {
 	t.Cleanup(func() {
 		srv.Stop()
 		if t.Failed() {
-			t.Logf("--- kube-apiserver output (tail)\n%s", kubeapiserver.Tail(srv.Output(), 40))
+			t.Logf("--- kube-apiserver output (tail)\n%s", tailbuf.Lines(srv.Output(), 40))
 		}
 	})
 	s.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
