@@ -97,7 +97,7 @@ func (y *syncer) stable() vector {
 
 // gc trims the log below the stable point (when Config.HistoryGC).
 func (y *syncer) gc() {
-	if !y.s.cfg.HistoryGC {
+	if !y.s.cfg.historyGC() {
 		return
 	}
 	if n := y.log.trim(y.stable()); n > 0 && y.gcm != nil {

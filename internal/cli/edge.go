@@ -311,7 +311,7 @@ func newEdgeFlags(args []string) *edgeFlags {
 	// Not etcd's: replication between edge replicas (edge/sync.go).
 	fs.StringVar(&f.syncPeers, "sync-peers", "", "Comma-separated names of the initial-cluster members this replica syncs with (empty: every other member).")
 	fs.DurationVar(&f.syncInterval, "sync-interval", 0, "Anti-entropy round interval per peer (0: 5s).")
-	fs.BoolVar(&f.historyGC, "history-gc", false, "Drop changes from the in-memory sync log once every peer holds them (bounded memory).")
+	fs.BoolVar(&f.historyGC, "history-gc", true, "Drop changes from the in-memory sync log once every peer holds them (bounded memory); --history-gc=false keeps the whole history.")
 	fs.DurationVar(&f.peerRetention, "peer-retention", 0, "With --history-gc, how long a peer may go unheard before it stops holding GC back (0: forever). A peer that returns lacking dropped changes is refused and must be replaced by a new member.")
 	fs.StringVar(&f.valueMerge, "value-merge", "bytes", "How concurrent writes of one key merge: 'bytes' (last writer wins) or 'json' (a JSON object merges field by field, recursively; other values last writer wins). Every member must use the same setting.")
 	fs.StringVar(&f.valueMergePrefix, "value-merge-prefix", "", "Comma-separated PREFIX=json entries: keys under PREFIX merge as JSON, the others as --value-merge bytes (e.g. '/config/=json'). Every member must use the same setting.")
