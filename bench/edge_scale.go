@@ -53,6 +53,15 @@ type EdgeScaleRun struct {
 	P50      float64 `json:"p50_ms"`
 	P99      float64 `json:"p99_ms"`
 	Max      float64 `json:"max_ms"`
+	// FsyncMs is the loaded member's mean WAL fdatasync during the load
+	// (both servers export etcd_disk_wal_fsync_duration_seconds): every
+	// member fsyncs every change on this machine's one disk, and a write
+	// is acknowledged after its fsync.
+	FsyncMs float64 `json:"writer_fsync_mean_ms"`
+	// Receipts (aether edge, 2 members or more) is, over the members the
+	// load was not at, changes received from peers per change merged: 1
+	// when each change arrives once.
+	Receipts float64 `json:"receipts_per_change,omitempty"`
 }
 
 // EdgeScaleResult is the scenario's figures.
@@ -118,7 +127,10 @@ func EdgeScale(ctx context.Context, cfg EdgeScaleConfig, w io.Writer) (EdgeScale
 }
 
 func (r EdgeScaleRun) String() string {
-	s := fmt.Sprintf("%5.0f writes/s, p50 %.2f ms, p99 %.2f ms, max %.2f ms", r.Achieved, r.P50, r.P99, r.Max)
+	s := fmt.Sprintf("%5.0f writes/s, p50 %.2f ms, p99 %.2f ms, max %.2f ms, writer fsync %.2f ms", r.Achieved, r.P50, r.P99, r.Max, r.FsyncMs)
+	if r.Receipts > 0 {
+		s += fmt.Sprintf(", %.2f receipts per change", r.Receipts)
+	}
 	if r.Errors > 0 {
 		s += fmt.Sprintf(", %d ERRORS", r.Errors)
 	}
@@ -212,6 +224,14 @@ func edgeScaleOne(ctx context.Context, cfg EdgeScaleConfig, name, bin string, pr
 		return run, err
 	}
 	defer cli.Close()
+	fsync := func() (sum, count float64) {
+		m, err := scrape(target+"/metrics", "etcd_disk_wal_fsync_duration_seconds_sum", "etcd_disk_wal_fsync_duration_seconds_count")
+		if err != nil {
+			return 0, 0
+		}
+		return m["etcd_disk_wal_fsync_duration_seconds_sum"], m["etcd_disk_wal_fsync_duration_seconds_count"]
+	}
+	fsyncSum0, fsyncN0 := fsync()
 
 	// Open loop at the offered rate: a tick is due every 1/Rate whether or
 	// not earlier writes have returned, so a slow cluster shows as latency
@@ -267,6 +287,26 @@ func edgeScaleOne(ctx context.Context, cfg EdgeScaleConfig, name, bin string, pr
 			return run, err
 		}
 	}
+	if sum, count := fsync(); count > fsyncN0 {
+		run.FsyncMs = 1000 * (sum - fsyncSum0) / (count - fsyncN0)
+	}
+	if name == "aether edge" && n > 1 {
+		var recv, merged float64
+		for _, u := range c.clients {
+			if u == target {
+				continue
+			}
+			m, err := scrape(u+"/metrics", "aether_edge_sync_changes_received_total", "aether_edge_sync_changes_merged_total")
+			if err != nil {
+				return run, fmt.Errorf("metrics of %s: %w", u, err)
+			}
+			recv += m["aether_edge_sync_changes_received_total"]
+			merged += m["aether_edge_sync_changes_merged_total"]
+		}
+		if merged > 0 {
+			run.Receipts = recv / merged
+		}
+	}
 	slices.Sort(lat)
 	run.Writes, run.Errors = len(lat), errors
 	run.Achieved = float64(len(lat)) / elapsed.Seconds()
@@ -312,9 +352,14 @@ func (r Report) edgeScaleMarkdown(b *strings.Builder) {
 	if e.LoadAvgBefore > 0 {
 		fmt.Fprintf(b, "The machine's 1-minute load average was %.2f before and %.2f after (%d cores): compare the two servers within a size, not with other runs.\n\n", e.LoadAvgBefore, e.LoadAvgAfter, runtime.NumCPU())
 	}
-	b.WriteString("| server | members | achieved | p50 | p99 | max | errors |\n|---|---|---|---|---|---|---|\n")
+	b.WriteString("*Writer fsync* is the loaded member's mean WAL fdatasync during the load: every member fsyncs every change, all on this machine's one disk, and a put is acknowledged after its fsync. *Receipts* (aether edge) is, at the other members, changes received from peers per change merged: 1 when each change arrives once, from its author (a relayed change waits for the peer's answer to a probe: edge/synclog.go, take); before that rule it was one less than the members.\n\n")
+	b.WriteString("| server | members | achieved | p50 | p99 | max | errors | writer fsync | receipts per change |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range e.Runs {
-		fmt.Fprintf(b, "| %s | %d | %.0f/s | %.2f ms | %.2f ms | %.2f ms | %d |\n", run.Server, run.Size, run.Achieved, run.P50, run.P99, run.Max, run.Errors)
+		rc := "n/a"
+		if run.Receipts > 0 {
+			rc = fmt.Sprintf("%.2f", run.Receipts)
+		}
+		fmt.Fprintf(b, "| %s | %d | %.0f/s | %.2f ms | %.2f ms | %.2f ms | %d | %.2f ms | %s |\n", run.Server, run.Size, run.Achieved, run.P50, run.P99, run.Max, run.Errors, run.FsyncMs, rc)
 	}
 	// The goal (issue 16): the edge store's write p99 within 2x of one
 	// replica's at every size.

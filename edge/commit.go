@@ -81,6 +81,9 @@ func (c *committer) add(ap *core.Applied) *batch {
 	b.applied = append(b.applied, ap)
 	c.mu.Unlock()
 	c.s.sync.applied(ap)
+	if f := c.s.cfg.onApplied; f != nil {
+		f(ap)
+	}
 	c.s.quotaUsed.Add(eventsCost(ap.Events))
 	select {
 	case c.kick <- struct{}{}:

@@ -201,9 +201,9 @@ func testConvergence(t *testing.T, names []string) {
 	for _, n := range names {
 		byName[n] = m.c.srv[n]
 	}
-	logs := map[string]map[core.Hash]bool{}
+	vecs := map[string]vector{}
 	for _, n := range names {
-		logs[n] = logHashes(byName[n])
+		vecs[n] = appliedVector(byName[n])
 	}
 	for _, a := range acks {
 		s := byName[a.origin]
@@ -213,8 +213,13 @@ func testConvergence(t *testing.T, names []string) {
 		if !ok {
 			t.Fatalf("%s: acknowledged %s at revision %d has no change", a.origin, a.what, a.rev)
 		}
+		// Its place in its author's chain, held wherever a vector covers it.
+		r, seq, ok := s.sync.log.position(h)
+		if !ok {
+			t.Fatalf("%s: acknowledged %s at revision %d has no place in the sync log", a.origin, a.what, a.rev)
+		}
 		for _, n := range names {
-			if !logs[n][h] {
+			if vecs[n][r] < seq {
 				t.Fatalf("%s's acknowledged %s (revision %d) is not on %s", a.origin, a.what, a.rev, n)
 			}
 		}

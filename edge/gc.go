@@ -254,7 +254,7 @@ func (y *syncer) stableAt(durable vector) vector {
 // gc trims the log below the stable point and has the core collect up to
 // it (when Config.HistoryGC).
 func (y *syncer) gc() {
-	if !y.s.cfg.HistoryGC || !y.running.Load() {
+	if !y.s.cfg.historyGC() || !y.running.Load() {
 		return
 	}
 	durable := y.log.durableVector()

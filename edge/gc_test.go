@@ -18,7 +18,7 @@ import (
 func gcCluster(t *testing.T, names []string, retention time.Duration) *testCluster {
 	c := newTestCluster(t, names, nil)
 	c.mod = func(_ string, cfg *Config) {
-		cfg.HistoryGC = true
+		cfg.DisableHistoryGC = false // the default, said for the reader
 		cfg.PeerRetention = retention
 	}
 	return c
@@ -226,7 +226,7 @@ func TestGCLogFlatUnderSustainedWrites(t *testing.T) {
 	for _, gc := range []bool{true, false} {
 		t.Run(fmt.Sprintf("gc=%v", gc), func(t *testing.T) {
 			c := newTestCluster(t, []string{"a", "b"}, nil)
-			c.mod = func(_ string, cfg *Config) { cfg.HistoryGC = gc }
+			c.mod = func(_ string, cfg *Config) { cfg.DisableHistoryGC = !gc }
 			a := c.start("a")
 			c.start("b")
 			ctx := testCtx(t)

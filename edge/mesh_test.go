@@ -488,11 +488,7 @@ func replicaHistory(t *testing.T, s *Server) []revChange {
 			t.Fatalf("revision %d has no change", r)
 		}
 		i, _ := s.st.IndexOf(h)
-		l := s.sync.log
-		l.mu.Lock()
-		enc := l.entries[i-l.base].enc
-		l.mu.Unlock()
-		c, err := core.DecodeChange(enc)
+		c, err := core.DecodeChange(encodingAt(t, s, i))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,8 +11,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/aethermesh/aether/edge/internal/core"
 )
 
 // convergeBound is how long after a heal every replica may take to hold
@@ -31,30 +29,25 @@ const convergeBound = 10 * time.Second
 // stop), and returns how long that took, failing past the bound.
 func waitCaughtUp(t *testing.T, ss []*Server, healed time.Time, what string) time.Duration {
 	t.Helper()
-	want := map[core.Hash]bool{}
+	// What any replica held: the elementwise maximum of their vectors.
+	want := vector{}
 	for _, s := range ss {
-		for h := range logHashes(s) {
-			want[h] = true
+		for r, n := range appliedVector(s) {
+			want[r] = max(want[r], n)
 		}
 	}
 	deadline := healed.Add(convergeBound)
 	for {
 		done := true
 		for _, s := range ss {
-			have := logHashes(s)
-			for h := range want {
-				if !have[h] {
-					done = false
-					break
-				}
-			}
-			if !done {
+			if !appliedVector(s).covers(want) {
+				done = false
 				break
 			}
 		}
 		if done {
 			d := time.Since(healed)
-			t.Logf("%s: %d changes on every replica %v after heal", what, len(want), d.Round(time.Millisecond))
+			t.Logf("%s: %d changes on every replica %v after heal", what, want.lacks(vector{}), d.Round(time.Millisecond))
 			return d
 		}
 		if time.Now().After(deadline) {

@@ -36,7 +36,14 @@ type peer struct {
 	heard     vector    // changes the peer sent us: it holds them
 	lastSync  time.Time // last ack (a completed exchange)
 	probeSeq  uint64
-	probes    map[uint64]vector // what was sent before each probe in flight
+	probes    map[uint64]probe // each probe in flight
+	// released is, on the current stream, the durable index of the last
+	// probe the peer answered (at first, when the stream opened): the
+	// relayed changes up to it may go (synclog.go, take).
+	released uint64
+	// ackc wakes the pusher when an ack arrives: what the peer holds, or
+	// released, grew.
+	ackc chan struct{}
 	// behind: the peer was found lacking changes GC dropped (gc.go).
 	behind bool
 	// snapshotAsked: the peer refused our changes for parents it
@@ -84,7 +91,16 @@ func newPeer(y *syncer, m member) (*peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("edge: peer %s: %w", m.name, err)
 	}
-	return &peer{y: y, m: m, conn: conn, client: edgesyncv1.NewEdgeSyncClient(conn), probes: map[uint64]vector{}, heard: vector{}}, nil
+	return &peer{y: y, m: m, conn: conn, client: edgesyncv1.NewEdgeSyncClient(conn), probes: map[uint64]probe{}, heard: vector{},
+		ackc: make(chan struct{}, 1)}, nil
+}
+
+// probe is what a probe in flight was sent after: the changes the stream
+// had sent (the answer must cover them), and the log's durable index (the
+// answer tells which relayed changes up to it the peer lacks).
+type probe struct {
+	sent    vector
+	durable uint64
 }
 
 // peerClientTLS turns the peer TLS config, which etcd's flags build as a
@@ -115,6 +131,7 @@ func (p *peer) run(ctx context.Context) {
 		p.mu.Lock()
 		p.connected = false
 		clear(p.probes)
+		p.released = 0
 		p.mu.Unlock()
 		if ctx.Err() != nil {
 			return
@@ -145,6 +162,10 @@ func (p *peer) session(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open push stream: %w", err)
 	}
+	// The peer's vector, the answer to the hello, is newer than every
+	// change durable here now: the relayed ones among them that it lacks
+	// go at once (take).
+	openedAt := p.y.log.durableIndex()
 	hello := &edgesyncv1.PushRequest{Hello: &edgesyncv1.Hello{
 		MemberId: s.memberID, ClusterId: s.clusterID, Name: s.cfg.Name, Version: syncVersion,
 	}}
@@ -161,6 +182,9 @@ func (p *peer) session(ctx context.Context) error {
 	if first.GetMemberId() != p.m.id {
 		return fmt.Errorf("peer %s answered as member %x, want %x", p.m.name, first.GetMemberId(), p.m.id)
 	}
+	p.mu.Lock()
+	p.released = openedAt
+	p.mu.Unlock()
 	p.noteAck(first)
 	p.mu.Lock()
 	p.connected = true
@@ -179,6 +203,7 @@ func (p *peer) session(ctx context.Context) error {
 		return err
 	}
 	p.caughtUp()
+	cur.forward, cur.self, cur.peer = true, core.ReplicaID(s.memberID), core.ReplicaID(p.m.id)
 
 	errc := make(chan error, 1)
 	var wg sync.WaitGroup
@@ -198,8 +223,9 @@ func (p *peer) session(ctx context.Context) error {
 		// What the peer holds besides what this stream sent: changes it
 		// sent us, and its acked vector, which includes what other peers
 		// gave it (so two senders catching it up share the work).
-		held := p.state().acked
-		batch, wake, err := p.y.log.take(cur, held, syncBatchChanges, syncBatchBytes)
+		st := p.state()
+		cur.released = st.released
+		batch, wake, err := p.y.log.take(cur, st.acked, syncBatchChanges, syncBatchBytes)
 		if err != nil {
 			p.refuseBehind(err)
 			return err
@@ -213,16 +239,23 @@ func (p *peer) session(ctx context.Context) error {
 			p.y.metrics.bytesSent.WithLabelValues(p.m.name).Add(float64(proto.Size(req)))
 			continue
 		}
+		// A relayed change waits (take): ask the peer what it holds now.
+		// One probe in flight at a time is enough: its answer releases
+		// every change durable before it was sent, so the changes that
+		// became durable meanwhile wait at most one more round trip, and
+		// a steady stream of relayed changes costs one small message each
+		// way per round trip instead of a copy of each change.
+		if cur.holding && st.probes == 0 {
+			if err := p.sendProbe(stream, cur); err != nil {
+				return err
+			}
+		}
 		select {
 		case <-wake:
+		case <-p.ackc:
 		case <-tick.C:
-			p.mu.Lock()
-			p.probeSeq++
-			id := p.probeSeq
-			p.probes[id] = cur.sent.clone()
-			p.mu.Unlock()
-			if err := stream.Send(&edgesyncv1.PushRequest{Probe: id}); err != nil {
-				return fmt.Errorf("send probe: %w", err)
+			if err := p.sendProbe(stream, cur); err != nil {
+				return err
 			}
 		case err := <-errc:
 			p.noteRefusal(err)
@@ -231,6 +264,21 @@ func (p *peer) session(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// sendProbe asks the peer for its vector once everything sent so far is
+// durable there.
+func (p *peer) sendProbe(stream edgesyncv1.EdgeSync_PushClient, cur *cursor) error {
+	durable := p.y.log.durableIndex()
+	p.mu.Lock()
+	p.probeSeq++
+	id := p.probeSeq
+	p.probes[id] = probe{sent: cur.sent.clone(), durable: durable}
+	p.mu.Unlock()
+	if err := stream.Send(&edgesyncv1.PushRequest{Probe: id}); err != nil {
+		return fmt.Errorf("send probe: %w", err)
+	}
+	return nil
 }
 
 // readAcks records the peer's acks; a probe answered with a vector short
@@ -248,11 +296,17 @@ func (p *peer) readAcks(stream edgesyncv1.EdgeSync_PushClient) error {
 		}
 		p.y.metrics.rounds.WithLabelValues(p.m.name).Inc()
 		p.mu.Lock()
-		sent := p.probes[ack.GetProbe()]
+		pr, ok := p.probes[ack.GetProbe()]
 		delete(p.probes, ack.GetProbe())
+		if ok {
+			// noteAck already recorded the answer's vector: a relayed
+			// change it lacks may go now.
+			p.released = max(p.released, pr.durable)
+		}
 		p.mu.Unlock()
+		p.wakePusher()
 		got := vectorOf(ack.GetVector())
-		if n := sent.lacks(got); n > 0 {
+		if n := pr.sent.lacks(got); n > 0 {
 			return fmt.Errorf("peer %s lacks %d changes sent before probe %d", p.m.name, n, ack.GetProbe())
 		}
 	}
@@ -273,8 +327,19 @@ func (p *peer) noteAck(ack *edgesyncv1.Ack) {
 	p.lastSync = p.y.s.now()
 	p.mu.Unlock()
 	p.y.noteReports(p.m.id, ack)
+	p.wakePusher()
 	p.y.kick()
 	p.y.gc()
+}
+
+// wakePusher tells the pusher that an ack arrived; it never blocks (one
+// pending wake-up covers any number of acks: the pusher reads the state
+// afresh).
+func (p *peer) wakePusher() {
+	select {
+	case p.ackc <- struct{}{}:
+	default:
+	}
 }
 
 // peerState is a snapshot of what the sender knows of its peer.
@@ -282,6 +347,8 @@ type peerState struct {
 	connected bool
 	acked     vector // acked or heard: what the peer is known to hold
 	lastSync  time.Time
+	released  uint64 // see peer.released
+	probes    int    // in flight
 }
 
 func (p *peer) state() peerState {
@@ -291,7 +358,7 @@ func (p *peer) state() peerState {
 	for r, n := range p.heard {
 		held[r] = max(held[r], n)
 	}
-	return peerState{connected: p.connected, acked: held, lastSync: p.lastSync}
+	return peerState{connected: p.connected, acked: held, lastSync: p.lastSync, released: p.released, probes: len(p.probes)}
 }
 
 // holds reports whether the peer is known to hold the change at (r, seq).

@@ -101,9 +101,13 @@ type Config struct {
 	// SyncInterval is the anti-entropy probe interval; 0 means
 	// DefaultSyncInterval.
 	SyncInterval time.Duration
-	// HistoryGC trims the sync log below the stable point, what every
-	// peer holds (gc.go), so its memory stays bounded.
-	HistoryGC bool
+	// DisableHistoryGC turns off GC of the history (gc.go): by default the
+	// sync log below the stable point, what every peer holds, is dropped,
+	// so memory stays bounded under sustained writes. Off, the log keeps
+	// every change ever applied (`aether edge --history-gc=false`: the
+	// baseline the history benchmark compares with, and tests that read
+	// the whole history).
+	DisableHistoryGC bool
 	// PeerRetention is how long a peer may go unheard before it stops
 	// holding GC back (gc.go); 0 means forever. A peer that returns
 	// lacking what GC dropped is refused.
@@ -138,7 +142,14 @@ type Config struct {
 	// fault proxy on each directed link (partition_test.go) while every
 	// replica agrees on the initial cluster (member ids derive from it).
 	peerDial map[string]string
+	// onApplied, for tests, sees every change the replica applies (state
+	// lock held, index order): the model checks need the whole history,
+	// which history GC drops from the sync log.
+	onApplied func(*core.Applied)
 }
+
+// historyGC reports whether GC of the history is on (the default).
+func (c *Config) historyGC() bool { return !c.DisableHistoryGC }
 
 // Server is one running edge replica.
 type Server struct {

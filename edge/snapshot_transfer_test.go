@@ -56,7 +56,7 @@ func newGCMesh(t *testing.T, names []string, retention time.Duration, now func()
 				cfg.peerDial[b] = m.links[[2]string{name, b}].Addr()
 			}
 		}
-		cfg.HistoryGC = true
+		// history GC is on by default
 		cfg.PeerRetention = retention
 		if now != nil {
 			cfg.Now = now

@@ -62,6 +62,11 @@ package edge
 // vector, and the changes the peer itself sent us (noted before they are
 // durable here, so they are never echoed back). Two senders catching up
 // the same peer at once may still both send a change (at most once each).
+// Nor a change the peer authored, and a change authored by neither (a
+// relayed one) only once the peer's answer to a probe sent after it was
+// durable here shows it still lacks it: in a complete graph each replica
+// then receives each change once, from its author, instead of from every
+// replica that merged it first (synclog.go, take).
 //
 // The vector is only as good as the replica's log: a replica whose data
 // directory is lost must rejoin under a new name (a new member id), as an

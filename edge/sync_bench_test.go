@@ -51,7 +51,7 @@ func TestSyncThroughput(t *testing.T) {
 		return
 	}
 	eventually(t, 60*time.Second, "b and c to hold every change", func() bool {
-		return len(logHashes(c.srv["b"])) == total && len(logHashes(c.srv["c"])) == total
+		return int(heldChanges(c.srv["b"])) == total && int(heldChanges(c.srv["c"])) == total
 	})
 	lag := time.Since(start) - wrote
 	bytes := metricValue(t, a.Registry(), "aether_edge_sync_bytes_sent_total", "b")
@@ -92,7 +92,7 @@ func TestSyncCatchUp(t *testing.T) {
 	waitConverged(t, c.running())
 	start := time.Now()
 	late := c.start("c")
-	eventually(t, 60*time.Second, "c to hold every change", func() bool { return len(logHashes(late)) == total })
+	eventually(t, 60*time.Second, "c to hold every change", func() bool { return int(heldChanges(late)) == total })
 	took := time.Since(start)
 	var sent float64
 	for _, s := range []*Server{a, c.srv["b"]} {

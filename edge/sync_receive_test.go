@@ -27,7 +27,7 @@ func TestSyncReceiverAcksOnlyDurable(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "b to hold a's first change", func() bool {
-		return len(logHashes(b)) == len(logHashes(a))
+		return heldChanges(b) == heldChanges(a)
 	})
 	if err := b.store.Close(); err != nil {
 		t.Fatal(err)
@@ -67,14 +67,21 @@ func TestSyncReceiverAcksOnlyDurable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The change is the newest in a's log; find its chain position.
+	// Its chain position (by hash: history GC may drop it from the log).
 	a.mu.RLock()
-	idx := a.st.Index()
+	id, _ := a.st.HashOfRevision(put.Header.Revision)
 	a.mu.RUnlock()
-	l := a.sync.log
-	l.mu.Lock()
-	e := l.entries[idx-l.base]
-	l.mu.Unlock()
+	var e struct {
+		id      core.Hash
+		replica core.ReplicaID
+		seq     uint64
+	}
+	var ok bool
+	e.id = id
+	e.replica, e.seq, ok = a.sync.log.position(id)
+	if !ok {
+		t.Fatal("a's put has no place in its sync log")
+	}
 	mu.Lock()
 	target.r, target.seq, target.ok = e.replica, e.seq, true
 	mu.Unlock()
@@ -82,7 +89,8 @@ func TestSyncReceiverAcksOnlyDurable(t *testing.T) {
 
 	rounds := metricValue(t, a.Registry(), "aether_edge_sync_rounds_total", "b")
 	eventually(t, 10*time.Second, "b to apply the change and fail to persist it", func() bool {
-		return logHashes(b)[e.id] && b.failure() != nil
+		_, _, held := b.sync.log.position(e.id)
+		return held && b.failure() != nil
 	})
 	// Two more rounds (stream openings) since: a's sender saw b's stream
 	// end and reopened it, so every ack b sent for the change has arrived.
@@ -121,7 +129,7 @@ func TestSyncMetricsScrape(t *testing.T) {
 	a := c.srv["a"]
 	eventually(t, 10*time.Second, "all three to hold all three changes", func() bool {
 		for _, s := range c.running() {
-			if len(logHashes(s)) != 3 {
+			if int(heldChanges(s)) != 3 {
 				return false
 			}
 		}
@@ -171,10 +179,15 @@ func TestSyncMetricsScrape(t *testing.T) {
 	}
 	// Three concurrent writes, each on a's heads at the time: at least one
 	// head, never more than the three changes.
-	for _, want := range []string{"aether_edge_dag_changes 3\n", "aether_edge_dag_bytes "} {
+	// The log holds the three less what history GC (on by default)
+	// trimmed once every peer held them.
+	for _, want := range []string{"aether_edge_dag_changes ", "aether_edge_dag_bytes ", "aether_edge_gc_trimmed_changes_total "} {
 		if !strings.Contains(page, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+	if n, tr := metricValue(t, a.Registry(), "aether_edge_dag_changes", ""), metricValue(t, a.Registry(), "aether_edge_gc_trimmed_changes_total", ""); n > 3 || n+tr < 3 {
+		t.Errorf("aether_edge_dag_changes = %v and %v trimmed with 3 changes", n, tr)
 	}
 	if h := metricValue(t, a.Registry(), "aether_edge_dag_heads", ""); h < 1 || h > 3 {
 		t.Errorf("aether_edge_dag_heads = %v with 3 changes", h)

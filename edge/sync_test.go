@@ -89,6 +89,7 @@ func (c *testCluster) start(name string) *Server {
 		SyncPeers:         c.peers[name],
 		SyncInterval:      100 * time.Millisecond,
 	}
+	recordHistory(c.t, &cfg)
 	if c.mod != nil {
 		c.mod(name, &cfg)
 	}
@@ -118,26 +119,98 @@ func (c *testCluster) running() []*Server {
 	return out
 }
 
-// logHashes is the set of changes a replica holds, from its sync log.
-func logHashes(s *Server) map[core.Hash]bool {
+// appliedVector is what a replica holds: per replica, how many of its
+// changes it applied. Changes are applied in causal order, so the vector
+// names the whole set (sync.go), whatever history GC dropped from the log.
+func appliedVector(s *Server) vector {
 	l := s.sync.log
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make(map[core.Hash]bool, len(l.entries))
-	for _, e := range l.entries {
-		out[e.id] = true
-	}
-	return out
+	return l.applied.clone()
 }
 
+// heldChanges is how many changes a replica applied.
+func heldChanges(s *Server) uint64 {
+	var n uint64
+	for _, c := range appliedVector(s) {
+		n += c
+	}
+	return n
+}
+
+// covers reports whether v holds everything o does.
+func (v vector) covers(o vector) bool {
+	for r, n := range o {
+		if v[r] < n {
+			return false
+		}
+	}
+	return true
+}
+
+// histories records every change each replica (by data directory)
+// applies, in index order, through Config.onApplied: the model checks need
+// every change a replica holds, and history GC drops them from its sync
+// log once every peer holds them. A replica restarted on the same data
+// directory replays what it held (recovery, not recorded again) and goes on
+// at the next index; an index reused after a crash lost the change first
+// recorded there is overwritten by the one made in its place.
+var histories sync.Map // data dir -> *history
+
+type history struct {
+	mu      sync.Mutex
+	byIndex map[uint64][]byte
+}
+
+func recordHistory(t *testing.T, cfg *Config) {
+	h := &history{byIndex: map[uint64][]byte{}}
+	if old, loaded := histories.LoadOrStore(cfg.DataDir, h); loaded {
+		h = old.(*history)
+	} else {
+		dir := cfg.DataDir
+		t.Cleanup(func() { histories.Delete(dir) })
+	}
+	cfg.onApplied = func(ap *core.Applied) {
+		h.mu.Lock()
+		h.byIndex[ap.Index] = ap.Encoded
+		h.mu.Unlock()
+	}
+}
+
+// encodingAt is the change applied at index on s.
+func encodingAt(t *testing.T, s *Server, index uint64) []byte {
+	t.Helper()
+	if v, ok := histories.Load(s.cfg.DataDir); ok {
+		h := v.(*history)
+		h.mu.Lock()
+		enc, ok := h.byIndex[index]
+		h.mu.Unlock()
+		if ok {
+			return enc
+		}
+	}
+	l := s.sync.log
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if index < l.base || index >= l.base+uint64(len(l.entries)) {
+		t.Fatalf("change %d of %s is neither recorded nor in the sync log", index, s.cfg.Name)
+	}
+	return l.entries[index-l.base].enc
+}
+
+// logChanges is every change s applied, in index order.
 func logChanges(t *testing.T, s *Server) []*core.Change {
 	t.Helper()
 	l := s.sync.log
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	out := make([]*core.Change, 0, len(l.entries))
-	for _, e := range l.entries {
-		c, err := core.DecodeChange(e.enc)
+	// The log holds indexes [base, base+len) and GC dropped the ones just
+	// before, one per trimmed change.
+	first := l.base - l.trimmed.lacks(vector{})
+	end := l.base + uint64(len(l.entries))
+	l.mu.Unlock()
+	var out []*core.Change
+	for i := max(first, 1); i < end; i++ {
+		c, err := core.DecodeChange(encodingAt(t, s, i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,23 +220,18 @@ func logChanges(t *testing.T, s *Server) []*core.Change {
 }
 
 // converged reports whether every given replica holds the same changes
-// and reports the same HashKV, and returns that hash.
+// (the same vector) and reports the same HashKV, and returns that hash.
 func converged(ctx context.Context, t *testing.T, ss []*Server) (uint32, bool) {
 	t.Helper()
-	var first map[core.Hash]bool
+	var first vector
 	for _, s := range ss {
-		h := logHashes(s)
+		v := appliedVector(s)
 		if first == nil {
-			first = h
+			first = v
 			continue
 		}
-		if len(h) != len(first) {
+		if !mapsEqual(v, first) {
 			return 0, false
-		}
-		for id := range h {
-			if !first[id] {
-				return 0, false
-			}
 		}
 	}
 	var hash uint32
@@ -585,10 +653,15 @@ func testSyncConverges(t *testing.T, names []string) {
 	})
 	// The metrics say the same, per peer.
 	reg := c.srv["a"].Registry()
-	n, _ := c.srv["a"].sync.log.stats()
-	if got := metricValue(t, reg, "aether_edge_dag_changes", ""); got != float64(n) || n == 0 {
-		t.Fatalf("dag changes metric %v, log holds %d", got, n)
-	}
+	// The DAG metric counts what the log holds; with history GC (the
+	// default) that plus what GC trimmed is every change applied. Acks
+	// still arriving trim more meanwhile: compare once they agree.
+	eventually(t, 10*time.Second, "the DAG metric to match the log", func() bool {
+		n, _ := c.srv["a"].sync.log.stats()
+		got := metricValue(t, reg, "aether_edge_dag_changes", "")
+		trimmed := metricValue(t, reg, "aether_edge_gc_trimmed_changes_total", "")
+		return got == float64(n) && uint64(got+trimmed) == heldChanges(c.srv["a"]) && heldChanges(c.srv["a"]) > 0
+	})
 	for _, peer := range names[1:] {
 		for _, m := range []string{"aether_edge_sync_rounds_total", "aether_edge_sync_changes_sent_total", "aether_edge_sync_bytes_sent_total",
 			"aether_edge_sync_changes_received_total", "aether_edge_sync_bytes_received_total", "aether_edge_sync_peer_connected"} {
@@ -940,9 +1013,9 @@ func TestSyncNoEcho(t *testing.T) {
 	waitConverged(t, c.running())
 	c.stop("a")
 	a = c.start("a")
-	before, _ := a.sync.log.stats()
+	before := heldChanges(a)
 	load(ctx, t, a, "a", 2, 20)
-	after, _ := a.sync.log.stats()
+	after := heldChanges(a)
 	waitConverged(t, c.running())
 	if v := metricValue(t, b.Registry(), "aether_edge_sync_changes_sent_total", "a"); v > 0 {
 		t.Fatalf("b sent a %v changes, all of them a's own", v)
@@ -969,7 +1042,7 @@ func TestSyncCloseJoinsGoroutines(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = cli.Close()
-		eventually(t, 10*time.Second, "b to get a's put", func() bool { return len(logHashes(b)) == 1 })
+		eventually(t, 10*time.Second, "b to get a's put", func() bool { return int(heldChanges(b)) == 1 })
 		c.stop("a")
 		c.stop("b")
 	}()
@@ -1047,14 +1120,14 @@ func TestSyncRestartUnderLoad(t *testing.T) {
 	}
 	// Restart b twice while a and c write.
 	for range 2 {
-		n := len(logHashes(c.srv["b"]))
-		eventually(t, 10*time.Second, "b to receive more changes", func() bool { return len(logHashes(c.srv["b"])) > n+10 })
+		n := int(heldChanges(c.srv["b"]))
+		eventually(t, 10*time.Second, "b to receive more changes", func() bool { return int(heldChanges(c.srv["b"])) > n+10 })
 		c.stop("b")
 		c.start("b")
 	}
-	writing := len(logHashes(c.srv["a"]))
+	writing := int(heldChanges(c.srv["a"]))
 	wg.Wait()
-	if len(logHashes(c.srv["a"])) == writing {
+	if int(heldChanges(c.srv["a"])) == writing {
 		t.Log("the load had ended before b's last restart")
 	}
 	hash := waitConverged(t, c.running())

@@ -323,7 +323,7 @@ func newEdgeFlags(args []string) *edgeFlags {
 	// Not etcd's: replication between edge replicas (edge/sync.go).
 	fs.StringVar(&f.syncPeers, "sync-peers", "", "Comma-separated names of the initial-cluster members this replica syncs with (empty: every other member).")
 	fs.DurationVar(&f.syncInterval, "sync-interval", 0, "Anti-entropy round interval per peer (0: 5s).")
-	fs.BoolVar(&f.historyGC, "history-gc", false, "Drop changes from the in-memory sync log once every peer holds them (bounded memory).")
+	fs.BoolVar(&f.historyGC, "history-gc", true, "Drop changes from the in-memory sync log once every peer holds them (bounded memory); --history-gc=false keeps the whole history.")
 	fs.DurationVar(&f.peerRetention, "peer-retention", 0, "With --history-gc, how long a peer may go unheard before it stops holding GC back (0: forever). A peer that returns lacking dropped changes is refused and must be replaced by a new member.")
 	fs.Int64Var(&f.checkpointChanges, "checkpoint-changes", edgeDefaultCheckpointChanges, "Write a checkpoint (the whole state, with the change log before the sync log's first held change deleted) once this many changes became durable since the last one; 0: no change-count trigger. Like etcd's --snapshot-count.")
 	fs.Int64Var(&f.checkpointBytes, "checkpoint-bytes", edgeDefaultCheckpointBytes, "Write a checkpoint once this many bytes of encoded changes became durable since the last one; 0: no byte trigger (both 0: the log is kept and replayed whole).")

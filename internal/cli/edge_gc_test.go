@@ -13,11 +13,15 @@ func TestEdgeGCFlags(t *testing.T) {
 		"--initial-cluster", "a=http://127.0.0.1:2380,b=http://127.0.0.2:2380",
 		"--initial-advertise-peer-urls", "http://127.0.0.1:2380"}
 	res := mustEdge(t, nil, append(base, "--history-gc", "--peer-retention", "10m")...)
-	if cfg := res.settings.edgeConfig(); !cfg.HistoryGC || cfg.PeerRetention != 10*time.Minute {
-		t.Fatalf("server config: history GC %v, retention %v", cfg.HistoryGC, cfg.PeerRetention)
+	if cfg := res.settings.edgeConfig(); cfg.DisableHistoryGC || cfg.PeerRetention != 10*time.Minute {
+		t.Fatalf("server config: history GC off %v, retention %v", cfg.DisableHistoryGC, cfg.PeerRetention)
 	}
-	if cfg := mustEdge(t, nil, base...).settings.edgeConfig(); cfg.HistoryGC || cfg.PeerRetention != 0 {
-		t.Fatalf("defaults: history GC %v, retention %v", cfg.HistoryGC, cfg.PeerRetention)
+	// GC is on by default, and can be turned off.
+	if cfg := mustEdge(t, nil, base...).settings.edgeConfig(); cfg.DisableHistoryGC || cfg.PeerRetention != 0 {
+		t.Fatalf("defaults: history GC off %v, retention %v", cfg.DisableHistoryGC, cfg.PeerRetention)
+	}
+	if cfg := mustEdge(t, nil, append(base, "--history-gc=false")...).settings.edgeConfig(); !cfg.DisableHistoryGC {
+		t.Fatal("--history-gc=false: history GC still on")
 	}
 	for _, tc := range []struct {
 		args []string
@@ -25,7 +29,7 @@ func TestEdgeGCFlags(t *testing.T) {
 	}{
 		{[]string{"--history-gc", "--peer-retention", "-1s"}, "--peer-retention must not be negative"},
 		{[]string{"--history-gc", "--peer-retention", "20s"}, "--peer-retention 20s is under 10 sync intervals"},
-		{[]string{"--peer-retention", "10m"}, "--peer-retention needs --history-gc"},
+		{[]string{"--history-gc=false", "--peer-retention", "10m"}, "--peer-retention needs --history-gc"},
 	} {
 		res := runEdgeCLI(t, nil, append(base, tc.args...)...)
 		if res.err == nil || !strings.Contains(res.err.Error(), tc.want) {

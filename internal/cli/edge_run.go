@@ -37,7 +37,7 @@ func (s *edgeSettings) edgeConfig() edge.Config {
 		AutoCompactionRetention:     s.AutoCompactionRetention,
 		SyncPeers:                   s.SyncPeers,
 		SyncInterval:                s.SyncInterval,
-		HistoryGC:                   s.HistoryGC,
+		DisableHistoryGC:            !s.HistoryGC,
 		PeerRetention:               s.PeerRetention,
 		CheckpointChanges:           s.CheckpointChanges,
 		CheckpointBytes:             s.CheckpointBytes,
