@@ -119,7 +119,7 @@ func storedRecords(t *testing.T, dir string) (first uint64, n int) {
 // log is kept whole (keep-from 1).
 func TestCheckpointRestart(t *testing.T) {
 	dir := t.TempDir()
-	manual := func(cfg *Config) { cfg.CheckpointChanges, cfg.CheckpointBytes = -1, -1 }
+	manual := func(cfg *Config) { cfg.CheckpointChanges, cfg.CheckpointBytes, cfg.DisableHistoryGC = -1, -1, true }
 	s := startServer(t, dir, manual)
 	ctx := testCtx(t)
 	load(ctx, t, s, "a", 1, 200)

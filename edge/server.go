@@ -373,7 +373,9 @@ func (s *Server) recover(ctx context.Context) error {
 		s.log.Warn("persisted compaction is past the recovered revision; clamping", "compacted", compacted, "revision", rev)
 		compacted = rev
 	}
-	if compacted > s.st.CompactRev() {
+	// No compaction stored reads as 0: compacting at 0 would turn etcd's
+	// "nothing compacted" (-1) into 0, which HashKV and watches report.
+	if compacted > 0 && compacted > s.st.CompactRev() {
 		if err := s.st.Compact(compacted); err != nil {
 			return fmt.Errorf("edge: restore compaction at %d: %w", compacted, err)
 		}
