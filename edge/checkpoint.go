@@ -173,16 +173,26 @@ func (s *Server) checkpointNow(ctx context.Context) error {
 		c.failures.Inc()
 		return fmt.Errorf("edge: checkpoint at %d: wait for the changes it covers: %w", index, err)
 	}
-	err := s.store.Checkpoint(storage.Checkpoint{Index: index, KeepFrom: keep, Snapshot: snap, Meta: encodeCheckpointMeta(below)})
-	if err != nil {
-		c.failures.Inc()
+	if err := s.writeCheckpoint(start, index, keep, snap, below); err != nil {
 		return fmt.Errorf("edge: %w", err)
+	}
+	s.log.Debug("checkpoint", "index", index, "keep-from", keep, "snapshot-bytes", len(snap), "took", time.Since(start))
+	return nil
+}
+
+// writeCheckpoint persists a snapshot taken at index, keeping the records
+// from keep, and accounts for it: the one write of both checkpoint paths
+// (checkpointNow, and checkpointLocked after a snapshot merge).
+func (s *Server) writeCheckpoint(start time.Time, index, keep uint64, snap []byte, below vector) error {
+	c := s.ckpt
+	if err := s.store.Checkpoint(storage.Checkpoint{Index: index, KeepFrom: keep, Snapshot: snap, Meta: encodeCheckpointMeta(below)}); err != nil {
+		c.failures.Inc()
+		return err
 	}
 	c.total.Inc()
 	c.duration.Observe(time.Since(start).Seconds())
 	c.size.Set(float64(len(snap)))
 	c.index.Set(float64(index))
-	s.log.Debug("checkpoint", "index", index, "keep-from", keep, "snapshot-bytes", len(snap), "took", time.Since(start))
 	return nil
 }
 

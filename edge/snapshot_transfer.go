@@ -49,7 +49,6 @@ import (
 
 	edgesyncv1 "github.com/aethermesh/aether/api/edgesync/v1"
 	"github.com/aethermesh/aether/edge/internal/core"
-	"github.com/aethermesh/aether/edge/internal/storage"
 )
 
 // snapshotChunkBytes bounds one snapshot chunk, well below gRPC's message
@@ -257,14 +256,8 @@ func (s *Server) checkpointLocked() error {
 	if keep == 0 {
 		keep = index + 1
 	}
-	err := s.store.Checkpoint(storage.Checkpoint{Index: index, KeepFrom: keep, Snapshot: snap, Meta: encodeCheckpointMeta(below)})
-	if err != nil {
-		c.failures.Inc()
+	if err := s.writeCheckpoint(start, index, keep, snap, below); err != nil {
 		return fmt.Errorf("edge: checkpoint after a snapshot merge: %w", err)
 	}
-	c.total.Inc()
-	c.duration.Observe(time.Since(start).Seconds())
-	c.size.Set(float64(len(snap)))
-	c.index.Set(float64(index))
 	return nil
 }
