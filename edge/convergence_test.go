@@ -214,9 +214,9 @@ func testConvergence(t *testing.T, names []string) {
 			t.Fatalf("%s: acknowledged %s at revision %d has no change", a.origin, a.what, a.rev)
 		}
 		// Its place in its author's chain, held wherever a vector covers it.
-		r, seq, ok := s.sync.log.position(h)
+		r, seq, ok := chainPosition(t, s, h)
 		if !ok {
-			t.Fatalf("%s: acknowledged %s at revision %d has no place in the sync log", a.origin, a.what, a.rev)
+			t.Fatalf("%s: acknowledged %s at revision %d has no place in its author's chain", a.origin, a.what, a.rev)
 		}
 		for _, n := range names {
 			if vecs[n][r] < seq {

@@ -177,6 +177,16 @@ func (st *stability) snapshot() []memberGC {
 	return out
 }
 
+// newestOf is the newest report of member id known here (empty if none).
+func (st *stability) newestOf(id uint64) vector {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if m := st.members[id]; m != nil && m.newest.v != nil {
+		return m.newest.v.clone()
+	}
+	return make(vector)
+}
+
 // relay is every report known, for an ack (Ack.members): each with how
 // long ago it was learnt.
 func (st *stability) relay(now time.Time) []*edgesyncv1.MemberVector {

@@ -288,3 +288,55 @@ func TestGCWithoutPeers(t *testing.T) {
 	load(testCtx(t), t, a, "a", 1, 50)
 	eventually(t, 10*time.Second, "a's log to be trimmed", func() bool { return logLen(a) == 0 })
 }
+
+// TestGCLineTopologyRelaysReports: with sync peers a line a - b - c, a and
+// c never talk, yet each must learn the other's durable vector to collect
+// anything (stability is over every member, not only sync peers): b relays
+// the reports it knows on its acks (Ack.members). After writes and deletes
+// at both ends, every replica trims its log to nothing and collects the
+// tombstones, and each end holds a usable report of the other end, learnt
+// only through b. Without the relay a and c would hold GC back forever.
+func TestGCLineTopologyRelaysReports(t *testing.T) {
+	names := []string{"a", "b", "c"}
+	c := newTestCluster(t, names, map[string][]string{"a": {"b"}, "b": {"a", "c"}, "c": {"b"}})
+	for _, n := range names {
+		c.start(n)
+	}
+	ctx := testCtx(t)
+	for _, n := range []string{"a", "c"} {
+		cl := newClient(t, c.srv[n])
+		for i := range 20 {
+			if _, err := cl.Put(ctx, fmt.Sprintf("%s/%d", n, i), "v"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range 5 {
+			if _, err := cl.Delete(ctx, fmt.Sprintf("%s/%d", n, i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitGCConverged(t, c.running())
+	for _, n := range names {
+		s := c.srv[n]
+		eventually(t, 20*time.Second, n+" to trim its log and collect the tombstones", func() bool {
+			return logLen(s) == 0 && tombstones(s) == 0
+		})
+	}
+	for _, e := range [][2]string{{"a", "c"}, {"c", "a"}} {
+		s, other := c.srv[e[0]], c.srv[e[1]]
+		if s.sync.byID[other.memberID] != nil {
+			t.Fatalf("%s has %s as a sync peer: the topology is not a line", e[0], e[1])
+		}
+		var got vector
+		for _, m := range s.sync.stab.snapshot() {
+			if m.id == other.memberID {
+				got = m.usable
+			}
+		}
+		want := other.sync.log.durableVector()
+		if !mapsEqual(got, want) {
+			t.Fatalf("%s's usable report of %s is %v, want %s's durable vector %v (relayed by b)", e[0], e[1], got, e[1], want)
+		}
+	}
+}

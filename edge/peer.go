@@ -190,7 +190,7 @@ func (p *peer) session(ctx context.Context) error {
 	p.connected = true
 	p.mu.Unlock()
 	p.y.metrics.rounds.WithLabelValues(p.m.name).Inc()
-	pv := vectorOf(first.GetVector())
+	pv := p.knownHeld(vectorOf(first.GetVector()))
 	if ok, why := p.wantsSnapshot(pv, vectorOf(first.GetGcPoint())); ok {
 		if pv, err = p.sendSnapshot(stream, why); err != nil {
 			p.refuseBehind(err)
@@ -198,6 +198,10 @@ func (p *peer) session(ctx context.Context) error {
 		}
 	}
 	cur, err := p.y.log.newCursor(pv)
+	if errors.Is(err, errBehindGC) {
+		// As in the walk below: a trim since knownHeld read the reports.
+		cur, err = p.y.log.newCursor(p.knownHeld(pv))
+	}
 	if err != nil {
 		p.refuseBehind(err)
 		return err
@@ -226,6 +230,14 @@ func (p *peer) session(ctx context.Context) error {
 		st := p.state()
 		cur.released = st.released
 		batch, wake, err := p.y.log.take(cur, st.acked, syncBatchChanges, syncBatchBytes)
+		if errors.Is(err, errBehindGC) {
+			// GC may have trimmed, between the state read and take, up to
+			// a report of the peer noted after the read: the report is
+			// noted before the trim it allows, so a fresh read covers it.
+			// Still behind then, the peer really lacks what was trimmed.
+			st = p.state()
+			batch, wake, err = p.y.log.take(cur, st.acked, syncBatchChanges, syncBatchBytes)
+		}
 		if err != nil {
 			p.refuseBehind(err)
 			return err
@@ -352,13 +364,33 @@ type peerState struct {
 }
 
 func (p *peer) state() peerState {
+	// The newest report of the peer known here (direct or relayed by
+	// another member) can be newer than this stream's last ack: GC may
+	// have trimmed up to it already, so the behind checks must count it.
+	held := p.y.stab.newestOf(p.m.id)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	held := p.acked.clone()
+	for r, n := range p.acked {
+		held[r] = max(held[r], n)
+	}
 	for r, n := range p.heard {
 		held[r] = max(held[r], n)
 	}
 	return peerState{connected: p.connected, acked: held, lastSync: p.lastSync, released: p.released, probes: len(p.probes)}
+}
+
+// knownHeld is pv (the peer's answer to a hello) joined with every
+// report of the peer known here. The answer was the peer's durable vector
+// when it sent it; a report relayed since may be newer, and GC may have
+// trimmed up to it (its stable point is a minimum of such reports). A
+// durable vector never goes back under one member id, so the join is
+// still a lower bound of what the peer holds.
+func (p *peer) knownHeld(pv vector) vector {
+	v := p.state().acked
+	for r, n := range pv {
+		v[r] = max(v[r], n)
+	}
+	return v
 }
 
 // holds reports whether the peer is known to hold the change at (r, seq).

@@ -64,7 +64,9 @@ func (p *peer) wantsSnapshot(pv, gp vector) (bool, string) {
 	if asked {
 		return true, "the peer refused our changes for parents it collected"
 	}
-	if err := p.y.log.behindErr(pv); err != nil {
+	// A second look at what the peer is known to hold: GC may have
+	// trimmed up to a report noted since the caller read them (peer.go).
+	if p.y.log.behindErr(pv) != nil && p.y.log.behindErr(p.knownHeld(pv)) != nil {
 		return true, "the peer lacks changes this replica's GC dropped"
 	}
 	if mine := p.y.log.durableVector(); gp.lacks(mine) > 0 {

@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"hash/crc32"
+	"maps"
 	"math/big"
 	"math/rand/v2"
 	"net"
@@ -47,6 +48,9 @@ type testCluster struct {
 	peers map[string][]string // nil: complete graph
 	srv   map[string]*Server
 	mod   func(name string, cfg *Config) // optional, before each start
+	// retention: some replica ran with a peer retention, so a peer may
+	// legitimately fall behind a GC point (see stop).
+	retention bool
 }
 
 func newTestCluster(t *testing.T, names []string, peers map[string][]string) *testCluster {
@@ -93,6 +97,9 @@ func (c *testCluster) start(name string) *Server {
 	if c.mod != nil {
 		c.mod(name, &cfg)
 	}
+	if cfg.PeerRetention > 0 {
+		c.retention = true
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := Start(ctx, cfg)
@@ -103,8 +110,19 @@ func (c *testCluster) start(name string) *Server {
 	return s
 }
 
+// stop closes a replica. Without a peer retention no member ever stops
+// holding GC back, so no peer can be behind a GC point: a snapshot sent,
+// or a peer refused as behind, is a bug in the stability bookkeeping (a
+// stale view of a peer taken for what it holds), and fails the test.
 func (c *testCluster) stop(name string) {
 	c.t.Helper()
+	if s := c.srv[name]; !c.retention && !c.t.Failed() {
+		for _, m := range []string{"aether_edge_snapshot_transfers_sent_total", "aether_edge_gc_peer_refused_total"} {
+			if n := metricSum(c.t, s.Registry(), m); n > 0 {
+				c.t.Errorf("%s: %s = %v with no peer retention: a peer was taken for behind a GC point", name, m, n)
+			}
+		}
+	}
 	closeServer(c.t, c.srv[name])
 	c.srv[name] = nil
 }
@@ -196,6 +214,46 @@ func encodingAt(t *testing.T, s *Server, index uint64) []byte {
 		t.Fatalf("change %d of %s is neither recorded nor in the sync log", index, s.cfg.Name)
 	}
 	return l.entries[index-l.base].enc
+}
+
+// chainPosition is the (replica, seq) of change id on s: from the sync log
+// or the core while they still hold it, else (GC collected it) from the
+// changes recorded (recordHistory), counting its author's changes before
+// it in index order.
+func chainPosition(t *testing.T, s *Server, id core.Hash) (core.ReplicaID, uint64, bool) {
+	t.Helper()
+	s.mu.RLock()
+	r, seq, ok := s.sync.position(id)
+	s.mu.RUnlock()
+	if ok {
+		return r, seq, true
+	}
+	v, ok := histories.Load(s.cfg.DataDir)
+	if !ok {
+		return 0, 0, false
+	}
+	h := v.(*history)
+	h.mu.Lock()
+	idx := make([]uint64, 0, len(h.byIndex))
+	for i := range h.byIndex {
+		idx = append(idx, i)
+	}
+	encs := make(map[uint64][]byte, len(idx))
+	maps.Copy(encs, h.byIndex)
+	h.mu.Unlock()
+	slices.Sort(idx)
+	count := map[core.ReplicaID]uint64{}
+	for _, i := range idx {
+		c, err := core.DecodeChange(encs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		count[c.Replica]++
+		if c.ID() == id {
+			return c.Replica, count[c.Replica], true
+		}
+	}
+	return 0, 0, false
 }
 
 // logChanges is every change s applied, in index order.
@@ -706,6 +764,24 @@ func metricValue(t *testing.T, reg *prometheus.Registry, name, peer string) floa
 		}
 	}
 	return -1
+}
+
+// metricSum is the sum of a counter over all its label values.
+func metricSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
 }
 
 func TestSyncLateReplicaCatchesUp(t *testing.T) {

@@ -251,6 +251,18 @@ func (s *side) do(ctx context.Context, timeout time.Duration, o op) result {
 	case *pb.HashKVRequest:
 		var hr *pb.HashKVResponse
 		hr, err = s.maint.HashKV(ctx, r)
+		// etcd compacts in the background after answering Compact, and
+		// stores the hash at the compaction revision (with the compaction
+		// before it as CompactRevision) only when done; asked for that
+		// revision before then, it hashes afresh and reports the new
+		// compaction itself. A kept hash never reports its own revision as
+		// compacted, so that answer means "not done yet": ask again until
+		// the compaction is (the edge store compacts before it answers).
+		for deadline := time.Now().Add(10 * time.Second); err == nil && r.Revision != 0 &&
+			hr.CompactRevision == hr.HashRevision && hr.HashRevision == r.Revision && time.Now().Before(deadline); {
+			time.Sleep(5 * time.Millisecond)
+			hr, err = s.maint.HashKV(ctx, r)
+		}
 		if err == nil {
 			hr.Hash = 0
 			resp = hr

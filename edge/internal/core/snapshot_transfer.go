@@ -26,11 +26,14 @@ package core
 //     key over a set of changes is the largest write, whatever the order);
 //     a key the sender has no record of while the receiver's winner is one
 //     the sender saw was deleted there and collected: it is deleted here;
-//   - a JSON key's document is the join of both, after dropping from the
-//     receiver's every register the sender saw: the sender's document
-//     already holds them or what superseded them (Collect may have
-//     removed a tombstone together with what it hid, which the receiver's
-//     copy would otherwise bring back);
+//     and the other way, a key the receiver has no record of while it saw
+//     the sender's winner was deleted and collected here (the receiver is
+//     the one whose GC stopped waiting for the sender): it stays deleted;
+//   - a JSON key's document is the join of both, after dropping from each
+//     side every register the other saw and does not hold: the other's
+//     document holds what superseded them (Collect may have removed a
+//     tombstone together with what it hid, which the stale copy would
+//     otherwise bring back);
 //   - a lease the sender has and the receiver lacks is added unless the
 //     receiver saw its grant (then it saw the revoke); one the receiver
 //     has and the sender lacks goes if the sender saw its grant.
@@ -409,10 +412,10 @@ func (s *State) MergeSnapshot(now time.Time, b []byte) (*Applied, error) {
 	var wins []winUpdate
 	mergeKey := func(k *keyRec, tk *tkey) {
 		if s.vm.IsJSON(keyOf(k, tk)) {
-			wins = append(wins, s.mergeJSONKey(w, k, tk, seen))
+			wins = append(wins, s.mergeJSONKey(w, k, tk, seen, seenHere))
 			return
 		}
-		if u, ok := s.mergeBytesKey(w, k, tk, seen); ok {
+		if u, ok := s.mergeBytesKey(w, k, tk, seen, seenHere); ok {
 			wins = append(wins, u)
 		}
 	}
@@ -504,7 +507,7 @@ func (s *State) recordFor(k *keyRec, key []byte) *keyRec {
 
 // mergeBytesKey is the conflict rule for one bytes key: the sender's state
 // (tk, nil for none) against ours (k, nil for none).
-func (s *State) mergeBytesKey(w *writer, k *keyRec, tk *tkey, seen func(HLC, ReplicaID) bool) (winUpdate, bool) {
+func (s *State) mergeBytesKey(w *writer, k *keyRec, tk *tkey, seen, seenHere func(HLC, ReplicaID) bool) (winUpdate, bool) {
 	switch {
 	case tk == nil:
 		// No record there of a write the sender saw: deleted and collected.
@@ -512,6 +515,13 @@ func (s *State) mergeBytesKey(w *writer, k *keyRec, tk *tkey, seen func(HLC, Rep
 			w.del(k.key)
 			return winUpdate{k: k, win: k.win, repl: k.winRepl}, true
 		}
+		return winUpdate{}, false
+	case k == nil && seenHere(tk.win, tk.winRepl):
+		// The same, the other way: no record here of a write this replica
+		// saw. A delete after it was collected here with its tombstone
+		// (the sender was away past the retention, and holds the value
+		// from before): the key stays deleted. Merging the sender's
+		// changes one by one would drop that write as a duplicate too.
 		return winUpdate{}, false
 	case k != nil && !wins(tk.win, tk.winRepl, k):
 		return winUpdate{}, false
@@ -527,7 +537,7 @@ func (s *State) mergeBytesKey(w *writer, k *keyRec, tk *tkey, seen func(HLC, Rep
 
 // mergeJSONKey joins the documents of one JSON key and applies what the
 // join shows, as jsonMergeOp does for one op.
-func (s *State) mergeJSONKey(w *writer, k *keyRec, tk *tkey, seen func(HLC, ReplicaID) bool) winUpdate {
+func (s *State) mergeJSONKey(w *writer, k *keyRec, tk *tkey, seen, seenHere func(HLC, ReplicaID) bool) winUpdate {
 	var ours, their *jdoc
 	var cur *val
 	if k != nil {
@@ -542,16 +552,28 @@ func (s *State) mergeJSONKey(w *writer, k *keyRec, tk *tkey, seen func(HLC, Repl
 		return winUpdate{}
 	}
 	seenReg := func(g jreg) bool { return seen(HLC{Wall: g.wall, Logical: g.logical}, g.repl) }
+	seenRegHere := func(g jreg) bool { return seenHere(HLC{Wall: g.wall, Logical: g.logical}, g.repl) }
+	// Each side drops the registers the other saw and no longer has
+	// (collected there with the tombstone that hid them, or superseded);
+	// what both hold stays, on both sides, so the join keeps it.
+	var ourRoot, theirRoot *jnode
+	var ourLease, theirLease jreg
+	if ours != nil {
+		ourRoot, ourLease = ours.root, ours.leaseReg
+	}
+	if their != nil {
+		theirRoot, theirLease = their.root, their.leaseReg
+	}
 	nd := &jdoc{}
 	if ours != nil {
-		nd.root = dropSeen(ours.root, seenReg)
-		if !seenReg(ours.leaseReg) {
+		nd.root = dropSeen(ours.root, theirRoot, seenReg)
+		if !seenReg(ours.leaseReg) || ours.leaseReg == theirLease {
 			nd.lease, nd.leaseReg = ours.lease, ours.leaseReg
 		}
 	}
 	if their != nil {
-		nd.root = join(nd.root, their.root)
-		if their.leaseReg.compare(nd.leaseReg) > 0 {
+		nd.root = join(nd.root, dropSeen(their.root, ourRoot, seenRegHere))
+		if (!seenRegHere(their.leaseReg) || their.leaseReg == ourLease) && their.leaseReg.compare(nd.leaseReg) > 0 {
 			nd.lease, nd.leaseReg = their.lease, their.leaseReg
 		}
 	}
@@ -572,20 +594,25 @@ func (s *State) mergeJSONKey(w *writer, k *keyRec, tk *tkey, seen func(HLC, Repl
 }
 
 // dropSeen is n without the assignments and clears seen reports true for
-// (and the nodes left with nothing).
-func dropSeen(n *jnode, seen func(jreg) bool) *jnode {
+// that other (the node at the same path on the other side, nil for none)
+// does not hold too, and without the nodes left with nothing.
+func dropSeen(n, other *jnode, seen func(jreg) bool) *jnode {
 	if n == nil {
 		return nil
 	}
 	out := &jnode{kind: n.kind, clear: n.clear}
-	if out.kind != nil && seen(out.kind.reg) {
+	if out.kind != nil && seen(out.kind.reg) && (other == nil || other.kind == nil || other.kind.reg != out.kind.reg) {
 		out.kind = nil
 	}
-	if out.clear != (jreg{}) && seen(out.clear) {
+	if out.clear != (jreg{}) && seen(out.clear) && (other == nil || other.clear != out.clear) {
 		out.clear = jreg{}
 	}
 	for name, f := range n.fields {
-		if nf := dropSeen(f, seen); nf != nil {
+		var of *jnode
+		if other != nil {
+			of = other.fields[name]
+		}
+		if nf := dropSeen(f, of, seen); nf != nil {
 			if out.fields == nil {
 				out.fields = map[string]*jnode{}
 			}

@@ -344,6 +344,71 @@ func TestMergeSnapshotConflicts(t *testing.T) {
 	}
 }
 
+// TestMergeSnapshotIntoACollector: the receiver is the one that collected.
+// b was away past the retention while a deleted a key and a JSON field and
+// collected both tombstones (a's stable point no longer waited for b); b
+// comes back holding the values from before. Merging b's transfer at a
+// brings b's own write made while away, and neither the deleted key nor
+// the deleted field: a saw the writes b still holds, so their absence at
+// a is a collected delete (merging b's changes one by one would drop them
+// as duplicates as well).
+func TestMergeSnapshotIntoACollector(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0)
+	a, b := New(1), New(2)
+	for _, s := range []*State{a, b} {
+		s.SetValueMerge(ValueMerge{Prefixes: [][]byte{[]byte("j")}})
+	}
+	away := false
+	put := func(s *State, at time.Duration, k, v string) {
+		if _, ap, err := s.Put(t0.Add(at), &pb.PutRequest{Key: []byte(k), Value: []byte(v)}); err != nil {
+			t.Fatal(err)
+		} else if s == a && !away {
+			if _, err := b.Merge(t0, ap.Encoded); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	put(a, 0, "gone", "1")
+	put(a, 0, "keep", "1")
+	put(a, 0, "j", `{"x":1,"z":1}`)
+	away = true // a's changes no longer reach b
+	if _, _, err := a.DeleteRange(t0.Add(time.Second), &pb.DeleteRangeRequest{Key: []byte("gone")}); err != nil {
+		t.Fatal(err)
+	}
+	put(a, time.Second, "j", `{"x":1}`)
+	if _, ap, err := b.Put(t0.Add(2*time.Second), &pb.PutRequest{Key: []byte("bnew"), Value: []byte("1")}); err != nil || ap == nil {
+		t.Fatal(err)
+	}
+	_ = a.Compact(a.Rev())
+	if _, err := a.Collect(a.Vector()); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := a.Winner([]byte("gone")); ok {
+		t.Fatal("the test needs the tombstone of gone collected at the receiver")
+	}
+	ap, err := a.MergeSnapshot(t0.Add(3*time.Second), b.TransferSnapshot())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var evs []string
+	for _, e := range ap.Events {
+		evs = append(evs, fmt.Sprintf("%s %s=%s", e.Type, e.Kv.Key, e.Kv.Value))
+	}
+	if got, want := strings.Join(evs, "; "), `PUT bnew=1`; got != want {
+		t.Errorf("events %s, want %s (a deleted key or field came back)", got, want)
+	}
+	if got, want := keyValues(t, a), `"bnew"="1" "j"="{\"x\":1}" "keep"="1" `; !strings.HasPrefix(got, want) {
+		t.Errorf("values %s, want %s", got, want)
+	}
+	// b, merging a's transfer, takes the delete and the field's removal.
+	if _, err := b.MergeSnapshot(t0.Add(3*time.Second), a.TransferSnapshot()); err != nil {
+		t.Fatal(err)
+	}
+	if ka, kb := keyValues(t, a), keyValues(t, b); ka != kb {
+		t.Errorf("a and b differ after both transfers:\n%s\n%s", ka, kb)
+	}
+}
+
 func TestMergeSnapshotRefuses(t *testing.T) {
 	w := newXWorld(t, 5)
 	w.run(200)
