@@ -3,7 +3,6 @@ package edge_test
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -25,16 +24,8 @@ import (
 // happened and deleted records). At the end HashKV and every key survive
 // one more kill without writes.
 func TestCheckpointCrashKill9(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the aether binary and runs it")
-	}
-	bin, err := buildAether()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed := uint64(time.Now().UnixNano())
-	t.Logf("seed %d", seed)
-	rng := rand.New(rand.NewPCG(seed, 0))
+	bin := aetherBinary(t)
+	rng := seededRand(t)
 	dataDir := filepath.Join(t.TempDir(), "crash.etcd")
 	flags := []string{"--history-gc", "--checkpoint-changes", "100"}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

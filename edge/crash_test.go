@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,7 +56,7 @@ type edgeProc struct {
 // client-urls give the port it got.
 func startEdge(t *testing.T, bin, dataDir string, extra ...string) *edgeProc {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"edge",
+	return startEdgeArgs(t, bin, append([]string{
 		"--name", "crash",
 		"--data-dir", dataDir,
 		"--listen-client-urls", "http://127.0.0.1:0",
@@ -63,7 +64,14 @@ func startEdge(t *testing.T, bin, dataDir string, extra ...string) *edgeProc {
 		"--listen-peer-urls", "http://127.0.0.1:0",
 		"--initial-advertise-peer-urls", "http://127.0.0.1:0",
 		"--initial-cluster", "crash=http://127.0.0.1:0",
-	}, extra...)...)
+	}, extra...))
+}
+
+// startEdgeArgs starts `aether edge` with exactly args (one must give it
+// an ephemeral client URL or the ready line names the one it has).
+func startEdgeArgs(t *testing.T, bin string, args []string) *edgeProc {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"edge"}, args...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +155,10 @@ type ackedPut struct {
 	rev        int64
 }
 
-func TestCrashRecoveryKill9(t *testing.T) {
+// aetherBinary is the built binary for a test that runs it (skipped
+// with -short).
+func aetherBinary(t *testing.T) string {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the aether binary and runs it")
 	}
@@ -155,6 +166,18 @@ func TestCrashRecoveryKill9(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return bin
+}
+
+// seededRand is a random source whose seed the test logs, to repeat a run.
+func seededRand(t *testing.T) *rand.Rand {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	return rand.New(rand.NewPCG(seed, 0))
+}
+
+func TestCrashRecoveryKill9(t *testing.T) {
+	bin := aetherBinary(t)
 	dataDir := filepath.Join(t.TempDir(), "crash.etcd")
 	p1 := startEdge(t, bin, dataDir)
 	c1 := newClient(t, p1.url)

@@ -175,12 +175,20 @@
 //     (etcd cancels a watch only for start < compaction revision), with
 //     PrevKv filled as etcd's watch fills it; drop PrevKv for watchers that
 //     did not ask for it.
-//   - Restart: New, Replay every stored change in index order, Compact at
-//     the stored compaction revision if one was stored, then
-//     PromoteLeases(now). CompactRev is -1 until the first compaction.
-//     Collect is not a change and is not logged: a restarted replica
-//     holds more until the sync layer's next Collect (or the shell's,
-//     at a stable point it stored), which answers exactly the same.
+//   - Restart: Restore the last stored Snapshot (or New when there is
+//     none), Replay every stored change after its index in index order,
+//     Compact at the stored compaction revision if one was stored and it
+//     is past the snapshot's, then PromoteLeases(now). CompactRev is -1
+//     until the first compaction. Collect is not a change and is not
+//     logged: a restarted replica holds more until the sync layer's next
+//     Collect (or the shell's, at a stable point it stored), which answers
+//     exactly the same; a Snapshot taken after a Collect keeps only what
+//     was left.
+//   - Snapshot transfer: MergeSnapshot of a peer's TransferSnapshot is a
+//     state change with no change behind it (Applied has no Encoded and
+//     Index 0): store a Snapshot of the result before anything else is
+//     applied, or a crash loses the merge (the shell checkpoints under its
+//     state lock).
 //   - History is kept in memory until compacted (etcd keeps it on disk):
 //     the shell should compact (etcd's --auto-compaction-*), or memory
 //     grows with every write; and deleted keys' records, compacted

@@ -227,10 +227,34 @@ func appendVal(b []byte, v *val) []byte {
 	return binary.BigEndian.AppendUint64(b, uint64(v.lease))
 }
 
+// appendKeyHead is how a snapshot and a transfer both start a key: the
+// key, its winner and the winner's replica.
+func appendKeyHead(b, key []byte, win HLC, repl ReplicaID) []byte {
+	b = appendBytes(b, key)
+	b = appendHLC(b, win)
+	return binary.BigEndian.AppendUint64(b, uint64(repl))
+}
+
+// keyHead reads what appendKeyHead wrote.
+func (d *snapDecoder) keyHead() (key []byte, win HLC, repl ReplicaID) {
+	return d.bytes(), d.hlc(), ReplicaID(d.u64())
+}
+
+// doc reads what appendDoc wrote.
+func (d *snapDecoder) doc() *jdoc {
+	doc := &jdoc{lease: d.i64(), leaseReg: d.reg()}
+	switch d.byte1() {
+	case 0:
+	case 1:
+		doc.root = decodeState(d, 0)
+	default:
+		d.fail("bad document root flag")
+	}
+	return doc
+}
+
 func appendKeyRec(b []byte, k *keyRec) []byte {
-	b = appendBytes(b, k.key)
-	b = appendHLC(b, k.win)
-	b = binary.BigEndian.AppendUint64(b, uint64(k.winRepl))
+	b = appendKeyHead(b, k.key, k.win, k.winRepl)
 	var f byte
 	if k.dirty {
 		f |= 1
@@ -691,12 +715,11 @@ func decodeChains(d *snapDecoder, s *State) error {
 // versions in (main, sub) order at or before rev, values stamped with
 // their own revision.
 func decodeKeyRec(d *snapDecoder, rev int64) *keyRec {
-	k := &keyRec{key: d.bytes()}
+	k := &keyRec{}
+	k.key, k.win, k.winRepl = d.keyHead()
 	if d.err == nil && len(k.key) == 0 {
 		d.fail("empty key")
 	}
-	k.win = d.hlc()
-	k.winRepl = ReplicaID(d.u64())
 	f := d.byte1()
 	if f > 7 {
 		d.fail("flags %#x", f)
@@ -748,14 +771,7 @@ func decodeKeyRec(d *snapDecoder, rev int64) *keyRec {
 		}
 	}
 	if f&2 != 0 {
-		k.doc = &jdoc{lease: d.i64(), leaseReg: d.reg()}
-		switch d.byte1() {
-		case 0:
-		case 1:
-			k.doc.root = decodeState(d, 0)
-		default:
-			d.fail("bad document root flag")
-		}
+		k.doc = d.doc()
 	}
 	return k
 }

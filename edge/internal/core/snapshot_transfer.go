@@ -194,9 +194,7 @@ func (t *transfer) encode() []byte {
 	}
 	b = binary.AppendUvarint(b, uint64(len(t.keys)))
 	for _, k := range t.keys {
-		b = appendBytes(b, k.key)
-		b = appendHLC(b, k.win)
-		b = binary.BigEndian.AppendUint64(b, uint64(k.winRepl))
+		b = appendKeyHead(b, k.key, k.win, k.winRepl)
 		var f byte
 		if k.live {
 			f |= 1
@@ -291,7 +289,8 @@ func decodeTransfer(b []byte) (*transfer, error) {
 	}
 	n = d.count("keys", 24)
 	for i := range n {
-		k := tkey{key: d.bytes(), win: d.hlc(), winRepl: ReplicaID(d.u64())}
+		var k tkey
+		k.key, k.win, k.winRepl = d.keyHead()
 		f := d.byte1()
 		if d.err == nil && (len(k.key) == 0 || f > 3 || (i > 0 && bytes.Compare(t.keys[i-1].key, k.key) >= 0)) {
 			d.fail("key %q (flags %#x): empty, bad flags or out of key order", k.key, f)
@@ -301,14 +300,7 @@ func decodeTransfer(b []byte) (*transfer, error) {
 			k.value, k.lease = d.bytes(), d.i64()
 		}
 		if f&2 != 0 {
-			k.doc = &jdoc{lease: d.i64(), leaseReg: d.reg()}
-			switch d.byte1() {
-			case 0:
-			case 1:
-				k.doc.root = decodeState(d, 0)
-			default:
-				d.fail("key %q: bad document root flag", k.key)
-			}
+			k.doc = d.doc()
 		}
 		if d.err != nil {
 			return nil, d.err
