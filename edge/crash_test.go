@@ -204,50 +204,8 @@ func TestCrashRecoveryKill9(t *testing.T) {
 
 	// Writers overwrite a small key space, so recovery must get versions
 	// and create revisions right, not just the latest values.
-	const writers, keysPerWriter, killAfter = 8, 50, 3000
-	var (
-		ackMu sync.Mutex
-		acked []ackedPut
-	)
-	killed := make(chan struct{})
-	lctx, lcancel := context.WithCancel(ctx)
-	defer lcancel()
-	var wg sync.WaitGroup
-	for w := 0; w < writers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; lctx.Err() == nil; i++ {
-				key := fmt.Sprintf("k/%d/%d", w, i%keysPerWriter)
-				val := fmt.Sprintf("v-%d-%d", w, i)
-				resp, err := c1.Put(lctx, key, val)
-				if err != nil {
-					select {
-					case <-killed:
-						return // the server is gone: expected
-					default:
-						continue // a retry-able error before the kill
-					}
-				}
-				ackMu.Lock()
-				acked = append(acked, ackedPut{key, val, resp.Header.Revision})
-				n := len(acked)
-				ackMu.Unlock()
-				if n == killAfter {
-					// Mid-load: the other writers have puts in flight.
-					p1.kill(t)
-					close(killed)
-				}
-			}
-		}()
-	}
-	select {
-	case <-killed:
-	case <-ctx.Done():
-		t.Fatalf("fewer than %d puts acknowledged before the deadline", killAfter)
-	}
-	lcancel()
-	wg.Wait()
+	const killAfter = 3000
+	acked := loadUntilKilled(ctx, t, p1, c1, 0, killAfter)
 	wcancel()
 	<-watchDone
 	c1.Close()

@@ -48,6 +48,15 @@ type mesh struct {
 
 func newMesh(t *testing.T, names []string) *mesh {
 	t.Helper()
+	return newMeshWith(t, names, 11, func(_ string, cfg *Config) {
+		cfg.ValueMergePrefixes = []string{jsonPrefix}
+	})
+}
+
+// newMeshWith is a mesh whose peer URLs are on 127.0.0.<host>,
+// <host>+1, ..., each replica's config changed by mod before it starts.
+func newMeshWith(t *testing.T, names []string, host int, mod func(name string, cfg *Config)) *mesh {
+	t.Helper()
 	m := &mesh{t: t, c: newTestCluster(t, names, nil), links: map[[2]string]*faultproxy.Proxy{}}
 	// Each replica's peer port is reserved (listened on, then closed)
 	// before any replica starts, and the many connections of the mesh
@@ -56,7 +65,7 @@ func newMesh(t *testing.T, names []string) *mesh {
 	// fail. Peer URLs on addresses of their own (127.0.0.11, ...) are out of
 	// their way: a connection to loopback leaves from 127.0.0.1.
 	for i, n := range names {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.%d:0", 11+i))
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.%d:0", host+i))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +98,7 @@ func newMesh(t *testing.T, names []string) *mesh {
 				cfg.peerDial[b] = m.links[[2]string{name, b}].Addr()
 			}
 		}
-		cfg.ValueMergePrefixes = []string{jsonPrefix}
+		mod(name, cfg)
 	}
 	for _, n := range names {
 		m.c.start(n)

@@ -50,6 +50,9 @@ type peer struct {
 	// collected; the next stream starts with a snapshot
 	// (snapshot_transfer.go).
 	snapshotAsked bool
+	// wentBack: the peer's last answer held fewer of its own changes than
+	// it had reported (checkNotBack).
+	wentBack bool
 }
 
 func newPeer(y *syncer, m member) (*peer, error) {
@@ -181,6 +184,9 @@ func (p *peer) session(ctx context.Context) error {
 	}
 	if first.GetMemberId() != p.m.id {
 		return fmt.Errorf("peer %s answered as member %x, want %x", p.m.name, first.GetMemberId(), p.m.id)
+	}
+	if err := p.checkNotBack(vectorOf(first.GetVector())); err != nil {
+		return err
 	}
 	p.mu.Lock()
 	p.released = openedAt
@@ -377,6 +383,32 @@ func (p *peer) state() peerState {
 		held[r] = max(held[r], n)
 	}
 	return peerState{connected: p.connected, acked: held, lastSync: p.lastSync, released: p.released, probes: len(p.probes)}
+}
+
+// checkNotBack refuses a peer whose answer to a hello holds fewer of its
+// own changes than it reported before. Durable vectors never go back
+// under one member id, and what this replica sends rests on that
+// (knownHeld); a member whose data directory was lost or replaced does go
+// back, and would be sent nothing it lacks. It must rejoin under a new
+// name, as an etcd member is removed and added (sync.go). Logged once per
+// episode; the stream retries with backoff.
+func (p *peer) checkNotBack(hv vector) error {
+	self := core.ReplicaID(p.m.id)
+	known := p.y.stab.newestOf(p.m.id)
+	p.mu.Lock()
+	first := !p.wentBack
+	p.wentBack = hv[self] < known[self]
+	back := p.wentBack
+	p.mu.Unlock()
+	if !back {
+		return nil
+	}
+	err := fmt.Errorf("peer %s holds %d of its own changes and reported %d before: its data directory was lost or replaced; a member that lost its data must rejoin under a new name (a new member id)",
+		p.m.name, hv[self], known[self])
+	if first {
+		p.y.s.log.Error("refusing to sync with a peer whose history went back", "peer", p.m.name, "err", err)
+	}
+	return err
 }
 
 // knownHeld is pv (the peer's answer to a hello) joined with every

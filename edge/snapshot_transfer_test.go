@@ -3,8 +3,6 @@ package edge
 import (
 	"fmt"
 	"log/slog"
-	"net"
-	"net/url"
 	"sort"
 	"strings"
 	"testing"
@@ -15,7 +13,6 @@ import (
 
 	registrarv1 "github.com/aethermesh/aether/api/registrar/v1"
 	"github.com/aethermesh/aether/edge/internal/core"
-	"github.com/aethermesh/aether/internal/faultproxy"
 	"github.com/aethermesh/aether/internal/testutil/watchcheck"
 )
 
@@ -23,39 +20,7 @@ import (
 // given and the replicas on clock now (nil: the machine's).
 func newGCMesh(t *testing.T, names []string, retention time.Duration, now func() time.Time) *mesh {
 	t.Helper()
-	m := &mesh{t: t, c: newTestCluster(t, names, nil), links: map[[2]string]*faultproxy.Proxy{}}
-	for i, n := range names {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.%d:0", 21+i))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.c.peer[n] = url.URL{Scheme: "http", Host: l.Addr().String()}
-		_ = l.Close()
-	}
-	for _, a := range names {
-		for _, b := range names {
-			if a == b {
-				continue
-			}
-			p, err := faultproxy.Start(m.c.peer[b].Host)
-			if err != nil {
-				t.Fatal(err)
-			}
-			m.links[[2]string{a, b}] = p
-		}
-	}
-	t.Cleanup(func() {
-		for _, p := range m.links {
-			_ = p.Close()
-		}
-	})
-	m.c.mod = func(name string, cfg *Config) {
-		cfg.peerDial = map[string]string{}
-		for _, b := range names {
-			if b != name {
-				cfg.peerDial[b] = m.links[[2]string{name, b}].Addr()
-			}
-		}
+	return newMeshWith(t, names, 21, func(name string, cfg *Config) {
 		// history GC is on by default
 		cfg.PeerRetention = retention
 		if now != nil {
@@ -64,11 +29,7 @@ func newGCMesh(t *testing.T, names []string, retention time.Duration, now func()
 		if testing.Verbose() {
 			cfg.Logger = slog.New(slog.NewTextHandler(tlogWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", name)
 		}
-	}
-	for _, n := range names {
-		m.c.start(n)
-	}
-	return m
+	})
 }
 
 // tlogWriter sends a replica's log lines to the test's log (-v only).

@@ -71,7 +71,11 @@ package edge
 // The vector is only as good as the replica's log: a replica whose data
 // directory is lost must rejoin under a new name (a new member id), as an
 // etcd member would be removed and added, or its new changes would be
-// numbered like its lost ones.
+// numbered like its lost ones. Its peers refuse it, saying so: a sender
+// whose peer answers a hello with fewer of its own changes than it
+// reported before (peer.checkNotBack), and a receiver of a snapshot whose
+// sender holds fewer of its own changes than the receiver does
+// (core.MergeSnapshot).
 //
 // # Replication status
 //

@@ -11,14 +11,17 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"hash/crc32"
+	"log/slog"
 	"maps"
 	"math/big"
 	"math/rand/v2"
 	"net"
 	"net/url"
+	"os"
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,6 +39,7 @@ import (
 	edgev1 "github.com/aethermesh/aether/api/edge/v1"
 	edgesyncv1 "github.com/aethermesh/aether/api/edgesync/v1"
 	"github.com/aethermesh/aether/edge/internal/core"
+	"github.com/aethermesh/aether/internal/testutil/logbuf"
 )
 
 // testCluster is a set of replicas on real loopback sockets, each started
@@ -48,9 +52,10 @@ type testCluster struct {
 	peers map[string][]string // nil: complete graph
 	srv   map[string]*Server
 	mod   func(name string, cfg *Config) // optional, before each start
-	// retention: some replica ran with a peer retention, so a peer may
-	// legitimately fall behind a GC point (see stop).
-	retention bool
+	// snapshotsExpected: some replica ran with a peer retention (or the
+	// test makes a member lose its data), so a peer may legitimately fall
+	// behind a GC point (see stop).
+	snapshotsExpected bool
 }
 
 func newTestCluster(t *testing.T, names []string, peers map[string][]string) *testCluster {
@@ -98,7 +103,7 @@ func (c *testCluster) start(name string) *Server {
 		c.mod(name, &cfg)
 	}
 	if cfg.PeerRetention > 0 {
-		c.retention = true
+		c.snapshotsExpected = true
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -116,7 +121,7 @@ func (c *testCluster) start(name string) *Server {
 // stale view of a peer taken for what it holds), and fails the test.
 func (c *testCluster) stop(name string) {
 	c.t.Helper()
-	if s := c.srv[name]; !c.retention && !c.t.Failed() {
+	if s := c.srv[name]; !c.snapshotsExpected && !c.t.Failed() {
 		for _, m := range []string{"aether_edge_snapshot_transfers_sent_total", "aether_edge_gc_peer_refused_total"} {
 			if n := metricSum(c.t, s.Registry(), m); n > 0 {
 				c.t.Errorf("%s: %s = %v with no peer retention: a peer was taken for behind a GC point", name, m, n)
@@ -1331,5 +1336,68 @@ func TestSyncWaitReplicated(t *testing.T) {
 	c.start("c")
 	if err := <-errc; err != nil {
 		t.Fatalf("wait for 3 replicas once c is up: %v", err)
+	}
+}
+
+// TestSyncRefusesPeerThatWentBack: b's data directory is lost and b
+// restarts under the same name, with fewer of its own changes than it had
+// reported. a refuses to sync with it, saying why and what to do, instead
+// of sending it nothing (what a knows b held is more than b holds now).
+func TestSyncRefusesPeerThatWentBack(t *testing.T) {
+	names := []string{"a", "b"}
+	c := newTestCluster(t, names, nil)
+	var logs logbuf.Buffer
+	c.mod = func(name string, cfg *Config) {
+		if name == "a" {
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		}
+	}
+	c.start("a")
+	c.start("b")
+	ctx := testCtx(t)
+	cb := newClient(t, c.srv["b"])
+	for i := range 5 {
+		if _, err := cb.Put(ctx, fmt.Sprintf("b/%d", i), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitConverged(t, c.running())
+	a, bid := c.srv["a"], c.srv["b"].memberID
+	eventually(t, 10*time.Second, "a to hear b report its 5 changes", func() bool {
+		return a.sync.stab.newestOf(bid)[core.ReplicaID(bid)] == 5
+	})
+	if strings.Contains(logs.String(), "went back") {
+		t.Fatal("a refused b before b lost anything")
+	}
+	c.stop("b")
+	// b, empty again, finds itself below a's GC point and offers a its
+	// (empty) state: a must refuse that too.
+	c.snapshotsExpected = true
+	if err := os.RemoveAll(c.dirs["b"]); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(c.dirs["b"], 0o700); err != nil {
+		t.Fatal(err)
+	}
+	c.start("b")
+	defer func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	}()
+	eventually(t, 20*time.Second, "a to refuse b, whose history went back", func() bool {
+		l := logs.String()
+		return strings.Contains(l, "refusing to sync with a peer whose history went back") &&
+			strings.Contains(l, "holds 0 of its own changes and reported 5 before") && strings.Contains(l, "new name")
+	})
+	if n := metricValue(t, a.Registry(), "aether_edge_snapshot_transfers_received_total", "b"); n != 0 {
+		t.Fatalf("a merged %v snapshots of the b that lost its history", n)
+	}
+	resp, err := newClient(t, a).Get(ctx, "b/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Count != 5 {
+		t.Fatalf("a holds %d of b's 5 keys after b came back empty", resp.Count)
 	}
 }

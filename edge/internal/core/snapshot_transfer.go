@@ -364,6 +364,18 @@ func (s *State) MergeSnapshot(now time.Time, b []byte) (*Applied, error) {
 			return nil, fmt.Errorf("core: merge snapshot: replica %d holds %d changes of this replica (%d), more than its log here: rejoin under a new replica id", t.from, c.n, s.id)
 		}
 	}
+	// The other way: the sender holds fewer of its own changes than this
+	// replica does. Its history went back (its data was lost), and its
+	// next changes would be numbered like ones already here.
+	if ours := s.chains[t.from]; ours != nil && ours.n > 0 {
+		if c := theirs[t.from]; c == nil || c.n < ours.n {
+			var n uint64
+			if c != nil {
+				n = c.n
+			}
+			return nil, fmt.Errorf("core: merge snapshot: replica %d holds %d of its own changes, %d are here: it lost its history and must rejoin under a new replica id", t.from, n, ours.n)
+		}
+	}
 	// seen: whether the sender saw a write; seenHere: whether we did.
 	seen := func(st HLC, r ReplicaID) bool {
 		c := theirs[r]

@@ -433,6 +433,19 @@ func TestMergeSnapshotRefuses(t *testing.T) {
 	if _, err := fresh.MergeSnapshot(w.now, good); err == nil || !strings.Contains(err.Error(), "rejoin under a new replica id") {
 		t.Fatalf("a replica that lost its log: %v", err)
 	}
+	// The other way: a sender that lost its own history (a fresh replica
+	// under b's id) sends fewer of its changes than a holds.
+	if a.s.Vector()[b.s.Replica()] == 0 {
+		t.Fatal("the test needs a to hold some of b's changes")
+	}
+	lost := New(b.s.Replica())
+	lost.SetValueMerge(snapVM)
+	if _, err := a.s.MergeSnapshot(w.now, lost.TransferSnapshot()); err == nil || !strings.Contains(err.Error(), "lost its history and must rejoin under a new replica id") {
+		t.Fatalf("a sender that lost its history: %v", err)
+	}
+	if !bytes.Equal(a.s.Snapshot(), snap) {
+		t.Fatal("a refused transfer changed the state")
+	}
 }
 
 // FuzzMergeSnapshot: decoding a transfer never panics, and what decodes
