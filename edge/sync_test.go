@@ -239,17 +239,10 @@ func chainPosition(t *testing.T, s *Server, id core.Hash) (core.ReplicaID, uint6
 	}
 	h := v.(*history)
 	h.mu.Lock()
-	idx := make([]uint64, 0, len(h.byIndex))
-	for i := range h.byIndex {
-		idx = append(idx, i)
-	}
-	encs := make(map[uint64][]byte, len(idx))
-	maps.Copy(encs, h.byIndex)
-	h.mu.Unlock()
-	slices.Sort(idx)
+	defer h.mu.Unlock()
 	count := map[core.ReplicaID]uint64{}
-	for _, i := range idx {
-		c, err := core.DecodeChange(encs[i])
+	for _, i := range slices.Sorted(maps.Keys(h.byIndex)) {
+		c, err := core.DecodeChange(h.byIndex[i])
 		if err != nil {
 			t.Fatal(err)
 		}
