@@ -20,6 +20,10 @@ type batch struct {
 	applied []*core.Applied
 	done    chan struct{} // closed once durable (or failed)
 	err     error         // set before done is closed
+	// hurry: someone answers a client once this batch is durable (a
+	// local write, or a read that may have seen one of its changes). A
+	// batch of peer changes only is in no hurry: see committer.
+	hurry bool
 }
 
 // wait blocks until the batch is durable. A caller whose context ends first
@@ -51,8 +55,19 @@ const maxYields = 8
 // batch out whenever it is idle and persists it in one transaction. While
 // one Append runs, new changes collect in the next batch: under load many
 // changes share an fsync, with no timer adding latency when idle.
+//
+// A batch holding only changes merged from peers waits, up to lazy after
+// the previous batch became durable, before it is persisted: nobody
+// answers a client on it, only a peer's ack and this replica's watchers,
+// and under a steady stream from peers it turns one fsync per push into
+// one per lazy. A replica takes every change of every other member, so
+// without it a cluster of N members on one shared disk (or one IOPS
+// budget) does N fsyncs per write and the author's own fsync, the one its
+// client waits for, queues behind the others'. A local write or a read
+// that must wait for the batch (last) ends the wait at once.
 type committer struct {
-	s *Server
+	s    *Server
+	lazy time.Duration
 
 	mu       sync.Mutex
 	open     *batch // collecting
@@ -60,23 +75,36 @@ type committer struct {
 	closed   bool
 	kick     chan struct{}
 	stopped  chan struct{}
+	lastDone time.Time // when the previous Append returned
 }
 
-func newCommitter(s *Server) *committer {
+func newCommitter(s *Server, lazy time.Duration) *committer {
 	c := &committer{
-		s:       s,
-		open:    &batch{done: make(chan struct{})},
-		kick:    make(chan struct{}, 1),
-		stopped: make(chan struct{}),
+		s:    s,
+		lazy: lazy,
+		open: &batch{done: make(chan struct{})},
+		// As if a batch had just been persisted: the first peer changes
+		// after a start wait like the others.
+		lastDone: time.Now(),
+		kick:     make(chan struct{}, 1),
+		stopped:  make(chan struct{}),
 	}
 	go c.run()
 	return c
 }
 
-// add queues an applied change; the caller holds the state lock.
-func (c *committer) add(ap *core.Applied) *batch {
+// add queues a change applied by a local write (or lease expiry); the
+// caller holds the state lock.
+func (c *committer) add(ap *core.Applied) *batch { return c.queue(ap, true) }
+
+// addMerged queues a change merged from a peer; the caller holds the state
+// lock.
+func (c *committer) addMerged(ap *core.Applied) *batch { return c.queue(ap, false) }
+
+func (c *committer) queue(ap *core.Applied, hurry bool) *batch {
 	c.mu.Lock()
 	b := c.open
+	b.hurry = b.hurry || hurry
 	b.recs = append(b.recs, storage.Record{Index: ap.Index, Rev: ap.Rev, ID: ap.ID, Change: ap.Encoded})
 	b.applied = append(b.applied, ap)
 	c.mu.Unlock()
@@ -94,8 +122,27 @@ func (c *committer) add(ap *core.Applied) *batch {
 
 // last returns the batch holding the newest applied change, nil when every
 // applied change is durable. A read waits on it: the state it read may
-// include that change. The caller holds the state lock (read or write).
+// include that change; so it is persisted without waiting. The caller
+// holds the state lock (read or write).
 func (c *committer) last() *batch {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.open.recs) > 0 {
+		if !c.open.hurry {
+			c.open.hurry = true
+			select {
+			case c.kick <- struct{}{}:
+			default:
+			}
+		}
+		return c.open
+	}
+	return c.inflight
+}
+
+// lastLazy is last for a waiter in no hurry (a peer's ack of changes held
+// already): the batch keeps its lazy wait.
+func (c *committer) lastLazy() *batch {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.open.recs) > 0 {
@@ -117,6 +164,7 @@ func (c *committer) run() {
 			<-c.kick
 			c.mu.Lock()
 		}
+		c.waitLazy()
 		// Let writers that are already runnable add to the batch first:
 		// yielding costs nothing when nobody else wants the CPU, and under
 		// load it turns a stream of one-change transactions into fewer,
@@ -141,7 +189,33 @@ func (c *committer) run() {
 		if c.inflight == b {
 			c.inflight = nil
 		}
+		c.lastDone = time.Now()
 		c.mu.Unlock()
+	}
+}
+
+// waitLazy holds a batch of peer changes only until lazy after the
+// previous Append returned, or until it is hurried or the committer
+// closes. Called and returns with c.mu held.
+func (c *committer) waitLazy() {
+	if c.lazy <= 0 || c.open.hurry || c.closed {
+		return
+	}
+	d := c.lazy - time.Since(c.lastDone)
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for !c.open.hurry && !c.closed {
+		c.mu.Unlock()
+		select {
+		case <-c.kick:
+			c.mu.Lock()
+		case <-t.C:
+			c.mu.Lock()
+			return
+		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 
 	"github.com/coreos/go-semver/semver"
@@ -151,6 +152,16 @@ func (s *Server) mountHTTP(mux *http.ServeMux) {
 		return
 	}
 	mux.Handle("/", h)
+	if s.cfg.EnablePprof {
+		// etcd's paths (etcdserver/api/etcdhttp, --enable-pprof), mounted
+		// one by one: importing net/http/pprof for its side effect would
+		// register on http.DefaultServeMux, which this server never serves.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 }
 
 // healthStatus is etcd's /health body.

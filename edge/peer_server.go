@@ -349,13 +349,13 @@ func (s *Server) applyChanges(from *peer, encs [][]byte) (*batch, int, error) {
 		if from != nil {
 			from.noteHeard(ap.Change.Replica, s.sync.log.nextSeq(ap.Change.Replica))
 		}
-		b = s.commit.add(ap)
+		b = s.commit.addMerged(ap)
 		n++
 	}
 	if b == nil {
 		// Nothing new, but what was skipped may still be on its way to
 		// disk: the ack must not claim it early.
-		b = s.commit.last()
+		b = s.commit.lastLazy()
 	}
 	s.mu.Unlock()
 	if from != nil {

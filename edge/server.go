@@ -136,6 +136,17 @@ type Config struct {
 	// as JSON. Every replica must be configured alike (valuemerge.go).
 	ValueMerge         string
 	ValueMergePrefixes []string
+	// PeerCommitDelay is how long a batch holding only changes merged
+	// from peers may wait for more before it is persisted, counted from
+	// the previous batch (commit.go): a peer's ack and this replica's
+	// watchers see such changes up to this much later, in exchange for
+	// far fewer fsyncs. 0 means DefaultPeerCommitDelay; negative, no wait.
+	PeerCommitDelay time.Duration
+	// EnablePprof is etcd's --enable-pprof: Go's runtime profiles at
+	// /debug/pprof/ on the client URLs. Off by default, as in etcd: a
+	// CPU profile or trace costs the server while it runs, and anyone
+	// who can reach the client URLs could start one.
+	EnablePprof bool
 
 	// peerDial, for tests, maps a member name to the host:port its sync
 	// stream dials instead of its peer URL's host, so a test can put a
@@ -282,7 +293,11 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	s.reqID = newReqIDGen(s.memberID, s.now())
 	s.hub = newHub(s, s.st.Rev())
 	s.ckpt = newCheckpointer(s)
-	s.commit = newCommitter(s)
+	lazy := cfg.PeerCommitDelay
+	if lazy == 0 {
+		lazy = DefaultPeerCommitDelay
+	}
+	s.commit = newCommitter(s, lazy)
 	s.loopCtx, s.stopLoops = context.WithCancel(context.Background())
 	s.wg.Add(2)
 	go func() {

@@ -357,6 +357,38 @@ func TestHTTPOnClientPort(t *testing.T) {
 	}
 }
 
+// --enable-pprof serves Go's profiles on the client URLs as etcd does;
+// without it the paths are not there.
+func TestPprofOnlyWhenEnabled(t *testing.T) {
+	status := func(s *Server, path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(s.ClientURLs()[0] + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	off := startServer(t, "", nil)
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/cmdline"} {
+		if code, _ := status(off, path); code != http.StatusNotFound {
+			t.Errorf("pprof off: %s answered %d, want 404", path, code)
+		}
+	}
+	on := startServer(t, "", func(c *Config) { c.EnablePprof = true })
+	if code, body := status(on, "/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Errorf("pprof on: /debug/pprof/ answered %d %.200q, want the index", code, body)
+	}
+	if code, body := status(on, "/debug/pprof/goroutine?debug=1"); code != 200 || !strings.Contains(body, "edge.(*committer).run") {
+		t.Errorf("pprof on: goroutine profile %d %.300q, want the committer's goroutine in it", code, body)
+	}
+	// The other endpoints are still served beside it.
+	if code, _ := status(on, "/health"); code != 200 {
+		t.Errorf("pprof on: /health answered %d", code)
+	}
+}
+
 func TestStartRefusesUnknownMember(t *testing.T) {
 	cfg := Config{
 		Name: "nope", DataDir: t.TempDir(),

@@ -130,7 +130,10 @@ const (
 	// DefaultSyncInterval is how often a sender probes each peer (the
 	// periodic anti-entropy round) when Config.SyncInterval is 0.
 	DefaultSyncInterval = 5 * time.Second
-	syncVersion         = 1
+	// DefaultPeerCommitDelay bounds how long changes merged from peers
+	// wait for company before their fsync (Config.PeerCommitDelay).
+	DefaultPeerCommitDelay = 10 * time.Millisecond
+	syncVersion            = 1
 	// A batch carries at most this many changes, and this many bytes
 	// unless a single change is larger.
 	syncBatchChanges = 512

@@ -297,6 +297,11 @@ type cursor struct {
 	self, peer core.ReplicaID
 	released   uint64
 	holding    bool
+	// relayed is how many relayed changes (authored by neither side) the
+	// last take returned: the peer lacked them after a probe's answer,
+	// so it is not getting them directly (the pusher probes at its
+	// quickest again: peer.go, relayPacer).
+	relayed int
 }
 
 // newCursor starts a pusher at the first change peer (whose vector is pv)
@@ -402,7 +407,7 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 	defer l.mu.Unlock()
 	var out [][]byte
 	size := 0
-	c.holding = false
+	c.holding, c.relayed = false, 0
 	if c.next < l.base {
 		known := c.sent.clone()
 		for r, n := range held {
@@ -449,6 +454,9 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 		size += len(e.enc)
 		c.sent[e.replica] = e.seq
 		c.next++
+		if c.forward && e.replica != c.self {
+			c.relayed++
+		}
 	}
 	return out, l.changed, nil
 }

@@ -26,6 +26,8 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/types"
 	"go.etcd.io/etcd/pkg/v3/netutil"
 	"go.uber.org/zap"
+
+	"github.com/aethermesh/aether/edge"
 )
 
 // The edge command is a drop-in for etcd's command line, so etcd's own
@@ -176,7 +178,6 @@ var edgeOtherFlags = []edgeOtherFlag{
 	{name: "discovery-user", def: "", class: edgeRefused, why: "discovery is not implemented"},
 	{name: "discovery-password", def: "", class: edgeRefused, why: "discovery is not implemented"},
 	{name: "enable-distributed-tracing", def: "false", isBool: true, class: edgeRefused, why: "distributed tracing is not implemented"},
-	{name: "enable-pprof", def: "false", isBool: true, class: edgeRefused, why: "pprof endpoints are not served"},
 	{name: "enable-log-rotation", def: "false", isBool: true, class: edgeRefused, why: "log rotation is not implemented; log to stderr or a file"},
 	{name: "listen-client-http-urls", def: "", class: edgeRefused, why: "a separate HTTP listener is not implemented; /metrics and /health are on the client URLs"},
 	{name: "listen-metrics-urls", def: "", class: edgeRefused, why: "a separate metrics listener is not implemented; /metrics is on the client URLs"},
@@ -229,12 +230,14 @@ type edgeSettings struct {
 	AutoCompactionRetention                                                  time.Duration
 	SyncPeers                                                                []string      // --sync-peers (edge/sync.go)
 	SyncInterval                                                             time.Duration // --sync-interval
+	PeerCommitDelay                                                          time.Duration // --peer-commit-delay (<0: none)
 	HistoryGC                                                                bool          // --history-gc (edge/gc.go)
 	PeerRetention                                                            time.Duration // --peer-retention
 	CheckpointChanges                                                        int           // --checkpoint-changes (edge/checkpoint.go; <0: off)
 	CheckpointBytes                                                          int64         // --checkpoint-bytes (<0: off)
 	ValueMerge                                                               string        // --value-merge
 	ValueMergePrefixes                                                       []string      // --value-merge-prefix (JSON prefixes)
+	EnablePprof                                                              bool          // --enable-pprof
 	Logger                                                                   *slog.Logger
 
 	// Ignored are the ignored flags that were set, sorted; already logged.
@@ -270,10 +273,12 @@ type edgeFlags struct {
 	autoCompactionMode, autoCompactionRet      string
 	syncPeers                                  string
 	syncInterval                               time.Duration
+	peerCommitDelay                            time.Duration
 	historyGC                                  bool
 	peerRetention                              time.Duration
 	checkpointChanges, checkpointBytes         int64
 	valueMerge, valueMergePrefix               string
+	enablePprof                                bool
 	version                                    bool
 	other                                      map[string]*capturedFlag
 	experimental                               map[string]*capturedFlag
@@ -323,12 +328,14 @@ func newEdgeFlags(args []string) *edgeFlags {
 	// Not etcd's: replication between edge replicas (edge/sync.go).
 	fs.StringVar(&f.syncPeers, "sync-peers", "", "Comma-separated names of the initial-cluster members this replica syncs with (empty: every other member).")
 	fs.DurationVar(&f.syncInterval, "sync-interval", 0, "Anti-entropy round interval per peer (0: 5s).")
+	fs.DurationVar(&f.peerCommitDelay, "peer-commit-delay", edge.DefaultPeerCommitDelay, "How long changes merged from peers may wait for more before they are fsynced together (a local write or a read ends the wait at once): peers' acks and this replica's watchers see them up to this much later, for far fewer fsyncs. 0: none.")
 	fs.BoolVar(&f.historyGC, "history-gc", true, "Drop changes from the in-memory sync log once every peer holds them (bounded memory); --history-gc=false keeps the whole history.")
 	fs.DurationVar(&f.peerRetention, "peer-retention", 0, "With --history-gc, how long a member may go unheard before it stops holding GC back (0: forever). A member that returns lacking dropped changes is re-bootstrapped by a state snapshot transfer; a key it still holds whose deletion was collected meanwhile stays deleted, but a write it made while away, concurrent with such a deletion, wins (keep this longer than any partition that must not bring deleted keys back).")
 	fs.Int64Var(&f.checkpointChanges, "checkpoint-changes", edgeDefaultCheckpointChanges, "Write a checkpoint (the whole state, with the change log before the sync log's first held change deleted) once this many changes became durable since the last one; 0: no change-count trigger. Like etcd's --snapshot-count.")
 	fs.Int64Var(&f.checkpointBytes, "checkpoint-bytes", edgeDefaultCheckpointBytes, "Write a checkpoint once this many bytes of encoded changes became durable since the last one; 0: no byte trigger (both 0: the log is kept and replayed whole).")
 	fs.StringVar(&f.valueMerge, "value-merge", "bytes", "How concurrent writes of one key merge: 'bytes' (last writer wins) or 'json' (a JSON object merges field by field, recursively; other values last writer wins). Every member must use the same setting.")
 	fs.StringVar(&f.valueMergePrefix, "value-merge-prefix", "", "Comma-separated PREFIX=json entries: keys under PREFIX merge as JSON, the others as --value-merge bytes (e.g. '/config/=json'). Every member must use the same setting.")
+	fs.BoolVar(&f.enablePprof, "enable-pprof", false, "Enable runtime profiling data via HTTP server. Address is at client URL + \"/debug/pprof/\"")
 	fs.BoolVar(&f.version, "version", false, "Print the version and exit.")
 	for _, o := range edgeOtherFlags {
 		c := &capturedFlag{value: o.def, isBool: o.isBool}
@@ -573,6 +580,13 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 		return errors.New("--sync-interval must not be negative")
 	}
 	s.SyncInterval = f.syncInterval
+	if f.peerCommitDelay < 0 || f.peerCommitDelay > time.Second {
+		return errors.New("--peer-commit-delay must be between 0 and 1s")
+	}
+	s.PeerCommitDelay = f.peerCommitDelay
+	if s.PeerCommitDelay == 0 {
+		s.PeerCommitDelay = -1 // edge.Config: negative is none
+	}
 	if f.peerRetention < 0 {
 		return errors.New("--peer-retention must not be negative")
 	}
@@ -598,6 +612,8 @@ func (f *edgeFlags) settings(s *edgeSettings, explicit map[string]bool) error {
 	if s.ValueMerge, s.ValueMergePrefixes, err = valueMergeSettings(f.valueMerge, f.valueMergePrefix); err != nil {
 		return err
 	}
+
+	s.EnablePprof = f.enablePprof
 
 	client := transport.TLSInfo{CertFile: f.certFile, KeyFile: f.keyFile, TrustedCAFile: f.trustedCA, ClientCertAuth: f.clientCertAuth}
 	if s.ClientTLS, err = f.tlsConfig("client", client, f.autoTLS, s.ListenClientURLs, filepath.Join(s.DataDir, "fixtures", "client"), s.Logger); err != nil {

@@ -37,12 +37,14 @@ func (s *edgeSettings) edgeConfig() edge.Config {
 		AutoCompactionRetention:     s.AutoCompactionRetention,
 		SyncPeers:                   s.SyncPeers,
 		SyncInterval:                s.SyncInterval,
+		PeerCommitDelay:             s.PeerCommitDelay,
 		DisableHistoryGC:            !s.HistoryGC,
 		PeerRetention:               s.PeerRetention,
 		CheckpointChanges:           s.CheckpointChanges,
 		CheckpointBytes:             s.CheckpointBytes,
 		ValueMerge:                  s.ValueMerge,
 		ValueMergePrefixes:          s.ValueMergePrefixes,
+		EnablePprof:                 s.EnablePprof,
 	}
 }
 

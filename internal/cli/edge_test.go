@@ -250,11 +250,11 @@ func TestEdgeEnvironmentIsEtcds(t *testing.T) {
 }
 
 func TestEdgeRefusesMissingFeaturesByName(t *testing.T) {
-	res := runEdgeCLI(t, nil, "--auth-token=jwt,pub-key=x", "--enable-pprof", "--discovery-srv=example.com", "--snapshot-count=5")
+	res := runEdgeCLI(t, nil, "--auth-token=jwt,pub-key=x", "--force-new-cluster", "--discovery-srv=example.com", "--snapshot-count=5")
 	if res.err == nil || res.settings != nil {
 		t.Fatal("refused flags were accepted")
 	}
-	for _, name := range []string{"--auth-token", "--enable-pprof", "--discovery-srv"} {
+	for _, name := range []string{"--auth-token", "--force-new-cluster", "--discovery-srv"} {
 		if !strings.Contains(res.err.Error(), name) {
 			t.Errorf("error %q does not name %s", res.err, name)
 		}
@@ -263,11 +263,24 @@ func TestEdgeRefusesMissingFeaturesByName(t *testing.T) {
 		t.Errorf("error %q names an ignored flag", res.err)
 	}
 	// etcd's default value asks for nothing aether edge lacks.
-	mustEdge(t, nil, "--auth-token=simple", "--enable-pprof=false", "--force-new-cluster=0", "--cors=*")
+	mustEdge(t, nil, "--auth-token=simple", "--force-new-cluster=0", "--cors=*")
 	// A refused feature from the environment is refused too.
 	res = runEdgeCLI(t, map[string]string{"ETCD_LISTEN_METRICS_URLS": "http://localhost:2381"})
 	if res.err == nil || !strings.Contains(res.err.Error(), "--listen-metrics-urls") {
 		t.Errorf("ETCD_LISTEN_METRICS_URLS: err = %v, want --listen-metrics-urls refused", res.err)
+	}
+}
+
+// --enable-pprof is etcd's flag and variable, off by default.
+func TestEdgeEnablePprof(t *testing.T) {
+	if mustEdge(t, nil).settings.EnablePprof {
+		t.Error("pprof on by default")
+	}
+	if !mustEdge(t, nil, "--enable-pprof").settings.EnablePprof {
+		t.Error("--enable-pprof did not turn it on")
+	}
+	if !mustEdge(t, map[string]string{"ETCD_ENABLE_PPROF": "true"}).settings.EnablePprof {
+		t.Error("ETCD_ENABLE_PPROF=true did not turn it on")
 	}
 }
 

@@ -22,6 +22,7 @@
 package faultproxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -266,15 +267,20 @@ func (p *Proxy) pump(l *link, src, dst net.Conn) {
 	go func() {
 		defer close(readDone)
 		defer close(q)
+		// One read buffer, and each chunk a copy of what was read: a
+		// fresh 32 KiB buffer per read made a proxy carrying many small
+		// messages (the edge-scale benchmark's sync traffic) allocate
+		// megabytes a second, and its garbage collection took CPU from
+		// the servers under test on the same cores.
+		buf := make([]byte, 32*1024)
 		for {
-			buf := make([]byte, 32*1024)
 			n, err := src.Read(buf)
 			if n > 0 {
 				p.mu.Lock()
 				d := p.latency
 				p.mu.Unlock()
 				select {
-				case q <- chunk{data: buf[:n], due: time.Now().Add(d)}:
+				case q <- chunk{data: bytes.Clone(buf[:n]), due: time.Now().Add(d)}:
 				case <-l.done:
 					readErr = net.ErrClosed
 					return
