@@ -298,9 +298,10 @@ type cursor struct {
 	released   uint64
 	holding    bool
 	// relayed is how many relayed changes (authored by neither side) the
-	// last take returned: the peer lacked them after a probe's answer,
-	// so it is not getting them directly (the pusher probes at its
-	// quickest again: peer.go, relayPacer).
+	// last take returned because a probe's answer showed the peer lacking
+	// them (not those flushed ahead of an own change): it is not getting
+	// them directly, and the pusher probes at its quickest again (peer.go,
+	// relayPacer).
 	relayed int
 }
 
@@ -450,13 +451,15 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 		if len(out) > 0 && size+len(e.enc) > maxBytes {
 			break
 		}
+		if c.forward && e.replica != c.self && c.next <= c.released {
+			// Released by a probe's answer, not flushed ahead of an own
+			// change: the answer showed the peer lacking it.
+			c.relayed++
+		}
 		out = append(out, e.enc)
 		size += len(e.enc)
 		c.sent[e.replica] = e.seq
 		c.next++
-		if c.forward && e.replica != c.self {
-			c.relayed++
-		}
 	}
 	return out, l.changed, nil
 }
