@@ -465,8 +465,15 @@ func TestCheckpointDiskStaysFlat(t *testing.T) {
 	half, last := sizes[cycles/2-1], sizes[cycles-1]
 	t.Logf("database size after cycle 1: %d, 20: %d, %d: %d, %d: %d bytes; at most %d in use; file %d (%d records kept of %d written, %d bytes, snapshot %d bytes)",
 		sizes[0], sizes[19], cycles/2, half, cycles, last, inUse, fileSize(t, filepath.Join(dir, FileName)), window, next-1, written, len(snap))
-	if last > half+64*int64(os.Getpagesize()) {
-		t.Fatalf("the database grew from %d to %d bytes between cycles %d and %d under a steady load: freed pages are not reused", half, last, cycles/2, cycles)
+	// Pages that were never reused would grow the file by about what a
+	// cycle writes on every cycle: 40 cycles' worth over the second half.
+	// Reuse leaves some drift (which pages are free when a commit needs a
+	// run of them depends on the flusher's timing: 200 to 270 KB measured
+	// on loaded machines), so the bound is one cycle's writes, a fortieth
+	// of what a leak would add.
+	cycleBytes := written/cycles + int64(len(snap))
+	if last > half+cycleBytes {
+		t.Fatalf("the database grew from %d to %d bytes between cycles %d and %d under a steady load, more than one cycle writes (%d): freed pages are not reused", half, last, cycles/2, cycles, cycleBytes)
 	}
 	if last > 2*inUse {
 		t.Errorf("database of %d bytes for at most %d in use: the free pages are not reused well", last, inUse)
