@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aethermesh/aether/edge"
 	"github.com/aethermesh/aether/pki"
 )
 
@@ -281,6 +282,26 @@ func TestEdgeEnablePprof(t *testing.T) {
 	}
 	if !mustEdge(t, map[string]string{"ETCD_ENABLE_PPROF": "true"}).settings.EnablePprof {
 		t.Error("ETCD_ENABLE_PPROF=true did not turn it on")
+	}
+}
+
+// --peer-commit-delay: the default, 0 meaning none (negative in
+// edge.Config, where 0 is the default), and a bound.
+func TestEdgePeerCommitDelay(t *testing.T) {
+	if got := mustEdge(t, nil).settings.PeerCommitDelay; got != edge.DefaultPeerCommitDelay {
+		t.Errorf("default delay %v, want %v", got, edge.DefaultPeerCommitDelay)
+	}
+	if got := mustEdge(t, nil, "--peer-commit-delay=25ms").settings.PeerCommitDelay; got != 25*time.Millisecond {
+		t.Errorf("--peer-commit-delay=25ms gave %v", got)
+	}
+	if got := mustEdge(t, nil, "--peer-commit-delay=0").settings.PeerCommitDelay; got >= 0 {
+		t.Errorf("--peer-commit-delay=0 gave %v, want a negative (no wait) delay", got)
+	}
+	for _, bad := range []string{"--peer-commit-delay=-1ms", "--peer-commit-delay=2s"} {
+		res := runEdgeCLI(t, nil, bad)
+		if res.err == nil || res.settings != nil || !strings.Contains(res.err.Error(), "--peer-commit-delay") {
+			t.Errorf("%s: err = %v, want it refused naming the flag", bad, res.err)
+		}
 	}
 }
 
