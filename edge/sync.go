@@ -131,8 +131,10 @@ const (
 	// periodic anti-entropy round) when Config.SyncInterval is 0.
 	DefaultSyncInterval = 5 * time.Second
 	// DefaultPeerCommitDelay bounds how long changes merged from peers
-	// wait for company before their fsync (Config.PeerCommitDelay).
-	DefaultPeerCommitDelay = 10 * time.Millisecond
+	// wait for company before their fsync (Config.PeerCommitDelay). Off
+	// for now: with 10 ms, TestSnapshotMergeKill9 failed twice under load
+	// (two replicas not converging after a kill), not yet explained.
+	DefaultPeerCommitDelay = 0
 	syncVersion            = 1
 	// A batch carries at most this many changes, and this many bytes
 	// unless a single change is larger.

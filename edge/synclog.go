@@ -297,12 +297,6 @@ type cursor struct {
 	self, peer core.ReplicaID
 	released   uint64
 	holding    bool
-	// relayed is how many relayed changes (authored by neither side) the
-	// last take returned because a probe's answer showed the peer lacking
-	// them (not those flushed ahead of an own change): it is not getting
-	// them directly, and the pusher probes at its quickest again (peer.go,
-	// relayPacer).
-	relayed int
 }
 
 // newCursor starts a pusher at the first change peer (whose vector is pv)
@@ -408,7 +402,7 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 	defer l.mu.Unlock()
 	var out [][]byte
 	size := 0
-	c.holding, c.relayed = false, 0
+	c.holding = false
 	if c.next < l.base {
 		known := c.sent.clone()
 		for r, n := range held {
@@ -450,11 +444,6 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 		}
 		if len(out) > 0 && size+len(e.enc) > maxBytes {
 			break
-		}
-		if c.forward && e.replica != c.self && c.next <= c.released {
-			// Released by a probe's answer, not flushed ahead of an own
-			// change: the answer showed the peer lacking it.
-			c.relayed++
 		}
 		out = append(out, e.enc)
 		size += len(e.enc)
