@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/http/pprof"
 	"strings"
 
 	"github.com/coreos/go-semver/semver"
@@ -21,6 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	etcdversion "go.etcd.io/etcd/api/v3/version"
+
+	"github.com/aethermesh/aether/internal/pprofhttp"
 )
 
 // httpChecks is what the HTTP endpoints ask of the server.
@@ -153,14 +154,7 @@ func (s *Server) mountHTTP(mux *http.ServeMux) {
 	}
 	mux.Handle("/", h)
 	if s.cfg.EnablePprof {
-		// etcd's paths (etcdserver/api/etcdhttp, --enable-pprof), mounted
-		// one by one: importing net/http/pprof for its side effect would
-		// register on http.DefaultServeMux, which this server never serves.
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		pprofhttp.Mount(mux) // etcd's paths (etcdserver/api/etcdhttp)
 	}
 }
 

@@ -138,9 +138,10 @@ type Config struct {
 	ValueMergePrefixes []string
 	// PeerCommitDelay is how long a batch holding only changes merged
 	// from peers may wait for more before it is persisted, counted from
-	// the previous batch (commit.go): a peer's ack and this replica's
-	// watchers see such changes up to this much later, in exchange for
-	// far fewer fsyncs. 0 means DefaultPeerCommitDelay; negative, no wait.
+	// the previous batch (commit.go): a peer's ack, this replica's
+	// watchers and its reads (which serve the newest durable revision)
+	// see such changes up to this much later, in exchange for far fewer
+	// fsyncs. 0 means DefaultPeerCommitDelay; negative, no wait.
 	PeerCommitDelay time.Duration
 	// EnablePprof is etcd's --enable-pprof: Go's runtime profiles at
 	// /debug/pprof/ on the client URLs. Off by default, as in etcd: a

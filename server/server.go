@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,6 +38,7 @@ import (
 	"github.com/aethermesh/aether/backend/etcd/replicator"
 	kubestore "github.com/aethermesh/aether/backend/kubernetes"
 	"github.com/aethermesh/aether/console"
+	"github.com/aethermesh/aether/internal/pprofhttp"
 	"github.com/aethermesh/aether/pki"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registrar/grpcapi"
@@ -287,13 +287,7 @@ func Launch(ctx context.Context, opts Config) (_ *Server, err error) {
 	mux.HandleFunc("/readyz", s.readyz)
 	mux.Handle("/metrics", promhttp.HandlerFor(s.reg.MetricsRegistry(), promhttp.HandlerOpts{}))
 	if opts.EnablePprof {
-		// Mounted explicitly: importing net/http/pprof registers on
-		// http.DefaultServeMux, which nothing here serves.
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		pprofhttp.Mount(mux)
 	}
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
