@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"sync"
@@ -338,5 +339,52 @@ func TestGCLineTopologyRelaysReports(t *testing.T) {
 		if !mapsEqual(got, want) {
 			t.Fatalf("%s's usable report of %s is %v, want %s's durable vector %v (relayed by b)", e[0], e[1], got, e[1], want)
 		}
+	}
+}
+
+// TestSyncLogAbsorbStopsOpenCursors: a merged snapshot (absorb) counts
+// what it stood for as trimmed. A pusher whose cursor was already at the
+// end of an empty log (GC had trimmed everything) must not go on as if
+// its peer held those changes: its next take is refused, so the stream
+// ends and the next one starts with a snapshot (wantsSnapshot). A cursor
+// whose peer is known to hold them goes on.
+func TestSyncLogAbsorbStopsOpenCursors(t *testing.T) {
+	l := newSyncLog(time.Now)
+	for i, r := range []core.ReplicaID{1, 2} {
+		if err := l.add(uint64(i+1), core.Hash{byte(i + 1)}, []byte{byte(i + 1)}, r, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := l.trim(vector{1: 1, 2: 1}); n != 2 {
+		t.Fatalf("trimmed %d, want 2", n)
+	}
+	// Two open streams, both caught up: nothing to send.
+	lacking, err := l.newCursor(vector{1: 1, 2: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holding, err := l.newCursor(vector{1: 1, 2: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*cursor{lacking, holding} {
+		if got, _, err := l.take(c, nil, 100, 1<<20); err != nil || len(got) != 0 {
+			t.Fatalf("take before the merge = %v, %v; want nothing", got, err)
+		}
+	}
+	// A snapshot standing for replica 3's first two changes is merged.
+	l.absorb(vector{1: 1, 2: 1, 3: 2})
+	if _, _, err := l.take(lacking, vector{3: 1}, 100, 1<<20); !errors.Is(err, errMergedAhead) || !errors.Is(err, errBehindGC) {
+		t.Fatalf("take for a peer lacking a change the merge brought = %v; want errMergedAhead", err)
+	}
+	if got, _, err := l.take(holding, vector{3: 2}, 100, 1<<20); err != nil || len(got) != 0 {
+		t.Fatalf("take for a peer holding what the merge brought = %v, %v; want nothing, no error", got, err)
+	}
+	// Changes after the merge go as usual.
+	if err := l.add(3, core.Hash{3}, []byte{3}, 2, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := l.take(holding, vector{3: 2}, 100, 1<<20); err != nil || len(got) != 1 || got[0][0] != 3 {
+		t.Fatalf("take after the merge = %v, %v; want the new change", got, err)
 	}
 }

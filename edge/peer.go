@@ -244,6 +244,10 @@ func (p *peer) session(ctx context.Context) error {
 			st = p.state()
 			batch, wake, err = p.y.log.take(cur, st.acked, syncBatchChanges, syncBatchBytes)
 		}
+		if errors.Is(err, errMergedAhead) {
+			s.log.Info("peer lacks changes a merged snapshot brought here: reopening the stream to send it a snapshot", "peer", p.m.name, "err", err)
+			return err
+		}
 		if err != nil {
 			p.refuseBehind(err)
 			return err

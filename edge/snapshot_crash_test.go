@@ -14,6 +14,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	edgev1 "github.com/aethermesh/aether/api/edge/v1"
 )
 
 // TestSnapshotMergeKill9: three `aether edge` processes; c is killed while
@@ -58,6 +60,9 @@ func TestSnapshotMergeKill9(t *testing.T) {
 			"--initial-cluster", strings.Join(cluster, ","),
 			"--sync-interval", "100ms",
 			"--peer-retention", "2s",
+			// Debug logs why each sync stream ended: what a failure here
+			// needs explained.
+			"--log-level", "debug",
 		})
 	}
 	procs := map[string]*edgeProc{}
@@ -129,10 +134,17 @@ func TestSnapshotMergeKill9(t *testing.T) {
 							t.Log(n, k, v)
 						}
 					}
+					var ended []string
 					for _, l := range strings.Split(procs[n].logs(), "\n") {
 						if strings.Contains(l, "snapshot") || strings.Contains(l, "behind") || strings.Contains(l, "error") {
 							t.Log(n, l)
 						}
+						if strings.Contains(l, "sync stream ended") {
+							ended = append(ended, l)
+						}
+					}
+					for _, l := range ended[max(0, len(ended)-30):] {
+						t.Log(n, l)
 					}
 				}
 			}()
@@ -217,7 +229,7 @@ func TestSnapshotMergeKill9(t *testing.T) {
 // waitSameHash waits until the named replicas report one HashKV.
 func waitSameHash(ctx context.Context, t *testing.T, clients map[string]*clientv3.Client, names []string) {
 	t.Helper()
-	waitFor(ctx, t, strings.Join(names, ", ")+" to report the same HashKV", func() bool {
+	same := func() bool {
 		var first uint32
 		for i, n := range names {
 			c := clients[n]
@@ -232,7 +244,68 @@ func waitSameHash(ctx context.Context, t *testing.T, clients map[string]*clientv
 			}
 		}
 		return true
-	})
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for !same() {
+		select {
+		case <-wctx.Done():
+			logDivergence(t, clients, names)
+			t.Fatalf("timed out waiting for %s to report the same HashKV", strings.Join(names, ", "))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// logDivergence logs what a failed convergence wait needs explained: per
+// replica its revision, what it reports of its peers, and the keys whose
+// value differs from the first replica's.
+func logDivergence(t *testing.T, clients map[string]*clientv3.Client, names []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	state := map[string]map[string]string{}
+	for _, n := range names {
+		c := clients[n]
+		r, err := c.Get(ctx, "", clientv3.WithPrefix())
+		if err != nil {
+			t.Logf("%s: get: %v", n, err)
+			continue
+		}
+		kv := map[string]string{}
+		for _, x := range r.Kvs {
+			kv[string(x.Key)] = fmt.Sprintf("%q", x.Value)
+		}
+		state[n] = kv
+		t.Logf("%s: revision %d, %d keys", n, r.Header.Revision, len(kv))
+		ext := edgev1.NewEdgeClient(c.ActiveConnection())
+		if st, err := ext.ReplicationStatus(ctx, &edgev1.ReplicationStatusRequest{}); err == nil {
+			for _, p := range st.GetPeers() {
+				t.Logf("%s: peer %s connected=%v behind=%d last sync %v", n, p.GetName(), p.GetConnected(), p.GetChangesBehind(),
+					time.Unix(0, p.GetLastSyncUnixNano()).Format(time.StampMilli))
+			}
+		}
+		if h, err := ext.Heads(ctx, &edgev1.HeadsRequest{}); err == nil {
+			t.Logf("%s: %d heads, index %d", n, len(h.GetHeads()), h.GetHeader().GetIndex())
+		}
+	}
+	base := state[names[0]]
+	for _, n := range names[1:] {
+		diff := 0
+		keys := map[string]bool{}
+		for k := range base {
+			keys[k] = true
+		}
+		for k := range state[n] {
+			keys[k] = true
+		}
+		for k := range keys {
+			if base[k] != state[n][k] && diff < 20 {
+				diff++
+				t.Logf("key %s: %s %s, %s %s", k, names[0], base[k], n, state[n][k])
+			}
+		}
+	}
 }
 
 // waitFor polls cond until it holds, for at most 60 s.

@@ -121,6 +121,9 @@ type syncLog struct {
 	trimmed vector
 	// changed is closed (and replaced) whenever durable advances.
 	changed chan struct{}
+	// absorbs counts merged snapshots (absorb): a cursor that saw fewer
+	// checks its peer against trimmed again (take).
+	absorbs uint64
 }
 
 func newSyncLog(now func() time.Time) *syncLog {
@@ -284,6 +287,9 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 type cursor struct {
 	next uint64 // first index not yet considered
 	sent vector
+	// absorbs is the log's count of merged snapshots when the cursor last
+	// checked its peer against trimmed.
+	absorbs uint64
 
 	// Forwarding (set by the pusher; the zero value sends everything at
 	// once, as a plain vector walk). self is this replica, peer the one
@@ -310,7 +316,7 @@ func (l *syncLog) newCursor(pv vector) (*cursor, error) {
 	if err := l.behind(pv); err != nil {
 		return nil, err
 	}
-	c := &cursor{next: l.base + uint64(len(l.entries)), sent: pv.clone()}
+	c := &cursor{next: l.base + uint64(len(l.entries)), sent: pv.clone(), absorbs: l.absorbs}
 	if l.base == 0 {
 		c.next = 1
 	}
@@ -328,6 +334,13 @@ func (l *syncLog) newCursor(pv vector) (*cursor, error) {
 // not merge, or worse, a key's older value would stay), so the sender
 // refuses it loudly instead (gc.go).
 var errBehindGC = errors.New("edge: peer is behind this replica's GC point")
+
+// errMergedAhead (wrapping errBehindGC): the peer lacks changes that
+// reached this replica in a merged snapshot after the cursor started, so
+// they are in no log entry to send (absorb): the stream ends, and the
+// next one starts with a snapshot (wantsSnapshot). Unlike a cursor GC
+// overtook, nothing is wrong with the peer.
+var errMergedAhead = errors.New("edge: a merged snapshot brought changes the peer lacks")
 
 // behindErr is behind for a caller not holding l.mu.
 func (l *syncLog) behindErr(v vector) error {
@@ -403,15 +416,25 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 	var out [][]byte
 	size := 0
 	c.holding = false
-	if c.next < l.base {
+	// A merged snapshot since the cursor last looked raised trimmed by
+	// what it stood for, and may not have moved base (the log was already
+	// empty): the walk ahead would never show those changes, so the peer
+	// is checked against trimmed whether or not base passed the cursor.
+	if c.next < l.base || c.absorbs != l.absorbs {
 		known := c.sent.clone()
 		for r, n := range held {
 			known[r] = max(known[r], n)
 		}
 		if err := l.behind(known); err != nil {
+			if c.next >= l.base {
+				// Not overtaken by GC: the peer lacks only what a merge
+				// brought, which the next stream sends as a snapshot.
+				err = fmt.Errorf("%w: %w", errMergedAhead, err)
+			}
 			return nil, nil, err
 		}
-		c.next = l.base
+		c.next = max(c.next, l.base)
+		c.absorbs = l.absorbs
 	}
 	// flush is the index of this replica's last durable change: the walk
 	// sends everything up to it without waiting (see above).
@@ -502,9 +525,11 @@ func (l *syncLog) trim(stable vector) int {
 // covers would leave holes in the log's index order (a changes of this
 // replica's own the sender lacked sits between covered ones), and a
 // checkpoint rebuilds the log from its first index with the counts below
-// it (checkpoint.go), which holes would break. The caller holds the state
-// lock and every applied change is durable (the committer drained), so no
-// add races it.
+// it (checkpoint.go), which holes would break. Streams already open see
+// the new counts at their next take (cursor.absorbs, errMergedAhead), so
+// a peer lacking what the merge brought gets its snapshot even when no
+// stream breaks. The caller holds the state lock and every applied change
+// is durable (the committer drained), so no add races it.
 func (l *syncLog) absorb(v vector) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -523,6 +548,7 @@ func (l *syncLog) absorb(v vector) {
 		l.dvec[r] = n
 		l.trimmed[r] = n
 	}
+	l.absorbs++
 	close(l.changed)
 	l.changed = make(chan struct{})
 }
