@@ -158,6 +158,11 @@ type Config struct {
 	// lock held, index order): the model checks need the whole history,
 	// which history GC drops from the sync log.
 	onApplied func(*core.Applied)
+	// beforeMergeCheckpoint, for tests, is called when a merged snapshot
+	// standing for v is applied to the state and about to be checkpointed
+	// (state lock held): what peers are told at that moment must not
+	// include it yet.
+	beforeMergeCheckpoint func(s *Server, v vector)
 }
 
 // historyGC reports whether GC of the history is on (the default).

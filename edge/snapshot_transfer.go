@@ -202,11 +202,17 @@ func (s *Server) mergeTransfer(ctx context.Context, name string, from *peer, b [
 		// Refused whole (the core changes nothing on an error).
 		return status.Errorf(codes.InvalidArgument, "edgesync: merge snapshot from %s: %v", name, err)
 	}
-	s.sync.log.absorb(v)
-	// The merge may have raised the core's collected points (the
-	// sender's): the GC point this replica reports follows.
-	s.sync.raiseCollectAt(vector(s.st.Collected()))
-	if err := s.checkpointLocked(); err != nil {
+	// Durable first, then told: the log's vector (what acks and hellos on
+	// every stream report, read without the state lock) and the GC point
+	// take in the merge only once the checkpoint holding it is on disk. A
+	// peer told of the merge before a crash took it back would go on
+	// sending from a vector this replica no longer holds, and never send
+	// the snapshot it needs again.
+	keep, below := s.sync.log.absorbBase(v)
+	if f := s.cfg.beforeMergeCheckpoint; f != nil {
+		f(s, v)
+	}
+	if err := s.checkpointLocked(keep, below); err != nil {
 		// The core is ahead of the disk and cannot be rolled back: as when
 		// the committer fails, stop serving.
 		ferr := status.Error(codes.Unavailable, fmt.Sprintf("edge: persisting a merged snapshot failed, the server no longer serves: %v", err))
@@ -214,6 +220,10 @@ func (s *Server) mergeTransfer(ctx context.Context, name string, from *peer, b [
 		s.log.Error("persisting a merged snapshot failed; the server stops serving", "peer", name, "err", err)
 		return ferr
 	}
+	s.sync.log.absorb(v)
+	// The merge may have raised the core's collected points (the
+	// sender's): the GC point this replica reports follows.
+	s.sync.raiseCollectAt(vector(s.st.Collected()))
 	if from != nil {
 		from.noteHeldVector(v)
 	}
@@ -246,15 +256,16 @@ func (p *peer) noteHeldVector(v vector) {
 // before the state it built is durable (a later change's revision and
 // effects depend on it, and a peer told of the vector must never see it
 // taken back by a crash). So the write happens under the lock, once per
-// snapshot transfer.
-func (s *Server) checkpointLocked() error {
+// snapshot transfer. keep and below are the sync log's base and trimmed
+// counts as the merge leaves them (syncLog.absorbBase): the log itself
+// takes the merge in only after this returns.
+func (s *Server) checkpointLocked(keep uint64, below vector) error {
 	c := s.ckpt
 	start := time.Now()
 	c.changes.Store(0)
 	c.bytes.Store(0)
 	snap := s.st.Snapshot()
 	index := s.st.Index()
-	keep, below := s.sync.log.checkpointBase()
 	if keep == 0 {
 		keep = index + 1
 	}

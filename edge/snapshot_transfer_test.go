@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,7 +21,17 @@ import (
 // given and the replicas on clock now (nil: the machine's).
 func newGCMesh(t *testing.T, names []string, retention time.Duration, now func() time.Time) *mesh {
 	t.Helper()
+	return newGCMeshWith(t, names, retention, now, nil)
+}
+
+// newGCMeshWith is newGCMesh with mod applied to each replica's config
+// last (nil: none).
+func newGCMeshWith(t *testing.T, names []string, retention time.Duration, now func() time.Time, mod func(name string, cfg *Config)) *mesh {
+	t.Helper()
 	return newMeshWith(t, names, 21, func(name string, cfg *Config) {
+		if mod != nil {
+			defer mod(name, cfg)
+		}
 		// history GC is on by default
 		cfg.PeerRetention = retention
 		if now != nil {
@@ -149,12 +160,34 @@ func TestGCStabilityWaitsForInFlightChange(t *testing.T) {
 // hold the changes), the replicas converge, c's acknowledged writes
 // survive, the keys deleted while it was away stay deleted, c's watcher
 // sees ordinary events in revision order, and c restarts into the same
-// state (the merge was checkpointed).
+// state (the merge was checkpointed). While c checkpoints a merge, the
+// vector it reports to peers does not include it yet: a kill then would
+// take the merge back, and a peer told of it would never send the
+// snapshot again.
 func TestGCSnapshotRebootstrap(t *testing.T) {
 	names := []string{"a", "b", "c"}
 	const retention = 10 * time.Second
 	clk := &offsetClock{}
-	m := newGCMesh(t, names, retention, clk.now)
+	// c's first merge brings what a and b wrote while it was away: at
+	// its checkpoint the vector c reports (acks, hellos) must still lack
+	// it. (-1: no merge yet.)
+	var (
+		merges    sync.Mutex
+		firstNews = -1
+	)
+	m := newGCMeshWith(t, names, retention, clk.now, func(name string, cfg *Config) {
+		if name != "c" {
+			return
+		}
+		cfg.beforeMergeCheckpoint = func(s *Server, v vector) {
+			told := s.sync.log.durableVector()
+			merges.Lock()
+			defer merges.Unlock()
+			if firstNews < 0 {
+				firstNews = int(v.lacks(told))
+			}
+		}
+	})
 	a, b, c := m.c.srv["a"], m.c.srv["b"], m.c.srv["c"]
 	ctx := testCtx(t)
 	ca, cc := newClient(t, a), newClient(t, c)
@@ -234,6 +267,14 @@ func TestGCSnapshotRebootstrap(t *testing.T) {
 			metricValue(t, c.reg, "aether_edge_snapshot_transfers_received_total", "b") >= 1
 	})
 	waitGCConverged(t, m.c.running())
+	merges.Lock()
+	switch firstNews {
+	case -1:
+		t.Error("c merged no snapshot")
+	case 0:
+		t.Error("c's first merged snapshot was in the vector it reports before its checkpoint was durable: a kill then would take back what peers were told")
+	}
+	merges.Unlock()
 	for _, s := range m.c.running() {
 		kv := map[string]string{}
 		resp, err := newClientQuiet(t, s).Get(ctx, "", clientv3.WithPrefix())

@@ -533,17 +533,12 @@ func (l *syncLog) trim(stable vector) int {
 func (l *syncLog) absorb(v vector) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.base != 0 || len(l.entries) != 0 {
-		l.base += uint64(len(l.entries))
-	}
+	l.base, l.applied = l.absorbBaseLocked(v)
 	clear(l.entries)
 	l.entries = nil
 	clear(l.byHash)
 	clear(l.chains)
 	l.bytes = 0
-	for r, n := range v {
-		l.applied[r] = max(l.applied[r], n)
-	}
 	for r, n := range l.applied {
 		l.dvec[r] = n
 		l.trimmed[r] = n
@@ -551,6 +546,28 @@ func (l *syncLog) absorb(v vector) {
 	l.absorbs++
 	close(l.changed)
 	l.changed = make(chan struct{})
+}
+
+// absorbBase is what absorb(v) will leave as the log's base and trimmed
+// counts (checkpointBase after it), without changing the log: the
+// checkpoint of a merge is written from it before the log takes the merge
+// in (mergeTransfer).
+func (l *syncLog) absorbBase(v vector) (uint64, vector) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.absorbBaseLocked(v)
+}
+
+func (l *syncLog) absorbBaseLocked(v vector) (uint64, vector) {
+	base := l.base
+	if base != 0 || len(l.entries) != 0 {
+		base += uint64(len(l.entries))
+	}
+	applied := l.applied.clone()
+	for r, n := range v {
+		applied[r] = max(applied[r], n)
+	}
+	return base, applied
 }
 
 // trimmedVector is, per replica, how many of its changes GC dropped.
