@@ -229,6 +229,10 @@ func (p *peer) session(ctx context.Context) error {
 
 	tick := time.NewTicker(p.y.interval)
 	defer tick.Stop()
+	var pace relayPacer
+	pacer := time.NewTimer(time.Hour)
+	pacer.Stop()
+	defer pacer.Stop()
 	for {
 		// What the peer holds besides what this stream sent: changes it
 		// sent us, and its acked vector, which includes what other peers
@@ -252,6 +256,7 @@ func (p *peer) session(ctx context.Context) error {
 			p.refuseBehind(err)
 			return err
 		}
+		pace.took(cur.relayed)
 		if len(batch) > 0 {
 			req := &edgesyncv1.PushRequest{Changes: batch}
 			if err := stream.Send(req); err != nil {
@@ -266,16 +271,28 @@ func (p *peer) session(ctx context.Context) error {
 		// every change durable before it was sent, so the changes that
 		// became durable meanwhile wait at most one more round trip, and
 		// a steady stream of relayed changes costs one small message each
-		// way per round trip instead of a copy of each change.
+		// way per round trip instead of a copy of each change; fewer
+		// while the answers keep showing the peer gets them directly
+		// (relayPacer).
+		var paced <-chan time.Time
 		if cur.holding && st.probes == 0 {
-			if err := p.sendProbe(stream, cur); err != nil {
-				return err
+			now := time.Now()
+			if d := pace.due(now); d > 0 {
+				pacer.Reset(d)
+				paced = pacer.C
+			} else {
+				pace.probed(now)
+				if err := p.sendProbe(stream, cur); err != nil {
+					return err
+				}
 			}
 		}
 		select {
 		case <-wake:
 		case <-p.ackc:
+		case <-paced:
 		case <-tick.C:
+			pace.probed(time.Now())
 			if err := p.sendProbe(stream, cur); err != nil {
 				return err
 			}
@@ -286,6 +303,50 @@ func (p *peer) session(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// Bounds of the wait before a probe that would release relayed changes
+// (relayPacer).
+const (
+	relayProbeMin = 5 * time.Millisecond
+	relayProbeMax = 250 * time.Millisecond
+)
+
+// relayPacer spaces the probes a pusher sends to release relayed changes
+// (take's forwarding). In a healthy complete graph every answer shows the
+// peer already got the change from its author, and probing every round
+// trip on each of the (N-1)(N-2) links between non-authors was half of a
+// seven-member cluster's sync messages under a steady write load, for
+// nothing. So while answers keep releasing nothing the wait before the
+// next such probe doubles, from relayProbeMin up to relayProbeMax; as soon
+// as an answer shows the peer lacking a relayed change (the author's link
+// to it is cut or slow, and this replica is its path) the wait drops to
+// nothing, and relaying runs one round trip per hop again. The cost: the
+// first change relayed after a link to its author breaks waits up to
+// relayProbeMax more. Times are passed in, so it reads no clock.
+type relayPacer struct {
+	wait   time.Duration // before the next probe, from the last
+	last   time.Time     // when the last probe went
+	needed bool          // a relayed change went since the last probe
+}
+
+// took records what a take returned: relayed changes the peer lacked.
+func (r *relayPacer) took(relayed int) {
+	if relayed > 0 {
+		r.needed, r.wait = true, 0
+	}
+}
+
+// due is how long from now until the next probe may go (<= 0: now).
+func (r *relayPacer) due(now time.Time) time.Duration { return r.wait - now.Sub(r.last) }
+
+// probed records a probe sent at now: the answer to the previous one
+// released nothing if no relayed change went since, and the wait grows.
+func (r *relayPacer) probed(now time.Time) {
+	if !r.needed {
+		r.wait = min(max(2*r.wait, relayProbeMin), relayProbeMax)
+	}
+	r.needed, r.last = false, now
 }
 
 // sendProbe asks the peer for its vector once everything sent so far is

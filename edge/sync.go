@@ -131,12 +131,8 @@ const (
 	// periodic anti-entropy round) when Config.SyncInterval is 0.
 	DefaultSyncInterval = 5 * time.Second
 	// DefaultPeerCommitDelay bounds how long changes merged from peers
-	// wait for company before their fsync (Config.PeerCommitDelay). Off
-	// for now: with 10 ms (and the relay back-off, since withdrawn),
-	// TestSnapshotMergeKill9 failed under load once in 18 runs, a
-	// restarted replica never holding two changes resent to it; not yet
-	// explained.
-	DefaultPeerCommitDelay = 0
+	// wait for company before their fsync (Config.PeerCommitDelay).
+	DefaultPeerCommitDelay = 10 * time.Millisecond
 	syncVersion            = 1
 	// A batch carries at most this many changes, and this many bytes
 	// unless a single change is larger.

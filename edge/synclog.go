@@ -303,6 +303,12 @@ type cursor struct {
 	self, peer core.ReplicaID
 	released   uint64
 	holding    bool
+	// relayed is how many relayed changes (authored by neither side) the
+	// last take returned because a probe's answer showed the peer lacking
+	// them (not those flushed ahead of an own change): it is not getting
+	// them directly, and the pusher probes at its quickest again (peer.go,
+	// relayPacer).
+	relayed int
 }
 
 // newCursor starts a pusher at the first change peer (whose vector is pv)
@@ -415,7 +421,7 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 	defer l.mu.Unlock()
 	var out [][]byte
 	size := 0
-	c.holding = false
+	c.holding, c.relayed = false, 0
 	// A merged snapshot since the cursor last looked raised trimmed by
 	// what it stood for, and may not have moved base (the log was already
 	// empty): the walk ahead would never show those changes, so the peer
@@ -467,6 +473,11 @@ func (l *syncLog) take(c *cursor, held vector, maxN int, maxBytes int) ([][]byte
 		}
 		if len(out) > 0 && size+len(e.enc) > maxBytes {
 			break
+		}
+		if c.forward && e.replica != c.self && c.next <= c.released {
+			// Released by a probe's answer, not flushed ahead of an own
+			// change: the answer showed the peer lacking it.
+			c.relayed++
 		}
 		out = append(out, e.enc)
 		size += len(e.enc)

@@ -285,12 +285,11 @@ func TestEdgeEnablePprof(t *testing.T) {
 	}
 }
 
-// --peer-commit-delay: the default (none), 0 meaning none (negative in
+// --peer-commit-delay: the default, 0 meaning none (negative in
 // edge.Config, where 0 is the default), and a bound.
 func TestEdgePeerCommitDelay(t *testing.T) {
-	// The default is edge.DefaultPeerCommitDelay, 0 for now: no wait.
-	if got := mustEdge(t, nil).settings.PeerCommitDelay; got >= 0 || edge.DefaultPeerCommitDelay != 0 {
-		t.Errorf("default delay %v (edge default %v), want no wait", got, edge.DefaultPeerCommitDelay)
+	if got := mustEdge(t, nil).settings.PeerCommitDelay; got != edge.DefaultPeerCommitDelay {
+		t.Errorf("default delay %v, want %v", got, edge.DefaultPeerCommitDelay)
 	}
 	if got := mustEdge(t, nil, "--peer-commit-delay=25ms").settings.PeerCommitDelay; got != 25*time.Millisecond {
 		t.Errorf("--peer-commit-delay=25ms gave %v", got)
