@@ -73,6 +73,10 @@ type ReplicationRun struct {
 	// change of its key) minus the time it committed in the origin.
 	Lag        Latencies `json:"lag"`
 	LagMissing int       `json:"lag_missing"` // changes the peer never showed
+	// LagCoalesced: changes of keys created and deleted within one batch
+	// of a last-event-per-key mirror, which the peer never shows (its state
+	// is still right); not in Lag, not Missing.
+	LagCoalesced int `json:"lag_coalesced,omitempty"`
 	// BurstConvergedMs is from the burst's last commit until the peer's
 	// copy equalled the origin's subtree; -1 if it never did.
 	BurstConvergedMs float64 `json:"burst_converged_ms"`
@@ -409,6 +413,7 @@ func replicationRun(ctx context.Context, cfg ReplicationConfig, tool mirrorTool)
 	run.BurstRatePS = float64(len(changes)) / burstEnd.Sub(burstStart).Seconds()
 	run.Lag = summarize(ls.Lags)
 	run.LagMissing = ls.Missing
+	run.LagCoalesced = ls.Coalesced
 	run.BurstConvergedMs = -1
 	if !convAt.IsZero() {
 		run.BurstConvergedMs = ms(max(convAt.Sub(ls.LastCommit), 0))

@@ -46,6 +46,9 @@ func (r Report) replicationMarkdown(b *strings.Builder) {
 		if run.LagMissing > 0 {
 			lagMissing = fmt.Sprintf(" (%d never shown)", run.LagMissing)
 		}
+		if run.LagCoalesced > 0 {
+			lagMissing += fmt.Sprintf(" (%d of keys created and deleted within one batch: no event to date)", run.LagCoalesced)
+		}
 		fmt.Fprintf(b, "| %s | %s | %d (%.0f/s) | %.2f ms | %.2f ms | %.2f ms%s | %s | %s | %s |\n",
 			run.Tool, lease, run.BurstChanges, run.BurstRatePS, run.Lag.P50, run.Lag.P99, run.Lag.Max, lagMissing, convergedCell(run.BurstConvergedMs), part, heal)
 		name := run.Tool

@@ -86,8 +86,15 @@ func firstSeen(changes []change, obs []observation) []time.Time {
 // had committed it (the writer's call returning, or the origin's own
 // watcher seeing it, whichever came first).
 type lagStats struct {
-	Lags       []time.Duration
-	Missing    int       // changes the destination never showed
+	Lags    []time.Duration
+	Missing int // changes the destination never showed
+	// Coalesced are changes of a key the destination never showed whose
+	// last change is a delete: a mirror that keeps the last event per key
+	// of a catch-up batch (the replicator) writes the delete of a key it
+	// never created there, which etcd applies without an event. The
+	// destination's state is then right and nothing is lost, but there is
+	// no moment to date, so they are counted apart from Missing.
+	Coalesced  int
 	LastCommit time.Time // latest commit time among the changes
 	LastSeen   time.Time // latest first-seen time on the destination
 }
@@ -95,6 +102,20 @@ type lagStats struct {
 func computeLags(changes []change, origin, dest []observation) lagStats {
 	atOrigin := firstSeen(changes, origin)
 	atDest := firstSeen(changes, dest)
+	// A key's changes are coalesced away only if none of them was shown:
+	// one shown change means the destination held the key, and a delete it
+	// then missed is a stale key, which stays Missing.
+	type keyFate struct{ shown, endsDeleted bool }
+	fate := make(map[string]*keyFate)
+	for i, c := range changes {
+		f := fate[c.Key]
+		if f == nil {
+			f = &keyFate{}
+			fate[c.Key] = f
+		}
+		f.shown = f.shown || !atDest[i].IsZero()
+		f.endsDeleted = c.Del
+	}
 	var s lagStats
 	for i, c := range changes {
 		committed := c.Returned
@@ -105,7 +126,11 @@ func computeLags(changes []change, origin, dest []observation) lagStats {
 			s.LastCommit = committed
 		}
 		if atDest[i].IsZero() {
-			s.Missing++
+			if f := fate[c.Key]; !f.shown && f.endsDeleted {
+				s.Coalesced++
+			} else {
+				s.Missing++
+			}
 			continue
 		}
 		if atDest[i].After(s.LastSeen) {
