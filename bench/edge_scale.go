@@ -10,8 +10,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -78,6 +80,9 @@ type EdgeScaleRun struct {
 	// load was not at, changes received from peers per change merged: 1
 	// when each change arrives once.
 	Receipts float64 `json:"receipts_per_change,omitempty"`
+	// Again marks the one-replica run repeated after the larger sizes of
+	// its placement (see goals).
+	Again bool `json:"again,omitempty"`
 }
 
 // EdgeScaleResult is the scenario's figures.
@@ -149,6 +154,17 @@ func EdgeScale(ctx context.Context, cfg EdgeScaleConfig, w io.Writer) (EdgeScale
 				res.Runs = append(res.Runs, run)
 			}
 		}
+		// One replica again, after the larger sizes: the goal's baseline
+		// is the lower of the two (goals).
+		if slices.Contains(cfg.Sizes, 1) && len(cfg.Sizes) > 1 {
+			run, err := edgeScaleOne(ctx, cfg, "aether edge", aether, []string{"edge"}, 1, pl)
+			if err != nil {
+				return res, fmt.Errorf("aether edge, 1 member again, %s: %w", pl, err)
+			}
+			run.Again = true
+			fmt.Fprintf(w, "  %-6s %-11s 1 member again: %s\n", pl, "aether edge", run)
+			res.Runs = append(res.Runs, run)
+		}
 	}
 	res.LoadAvgAfter = loadAvg()
 	return res, nil
@@ -181,6 +197,11 @@ func (c *scaleCluster) stop() {
 		_ = p.Close()
 	}
 	os.RemoveAll(c.dir)
+	// Write back what this cluster left dirty before the next one starts:
+	// otherwise its fsyncs queue behind the writeback of the last one's
+	// data (a one-replica run after the 7-member clusters measured a p99
+	// 3 to 6x the first one-replica run's, in each of five runs).
+	syscall.Sync()
 }
 
 func startScaleCluster(ctx context.Context, name, bin string, pre []string, n int, latency time.Duration) (*scaleCluster, error) {
@@ -415,16 +436,38 @@ func (r Report) edgeScaleMarkdown(b *strings.Builder) {
 		if run.Receipts > 0 {
 			rc = fmt.Sprintf("%.2f", run.Receipts)
 		}
-		fmt.Fprintf(b, "| %s | %s | %d | %.0f/s | %.2f ms | %.2f ms | %.2f ms | %d | %.2f ms | %s |\n", placementName(run.Placement), run.Server, run.Size, run.Achieved, run.P50, run.P99, run.Max, run.Errors, run.FsyncMs, rc)
+		size := strconv.Itoa(run.Size)
+		if run.Again {
+			size += " (again)"
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %.0f/s | %.2f ms | %.2f ms | %.2f ms | %d | %.2f ms | %s |\n", placementName(run.Placement), run.Server, size, run.Achieved, run.P50, run.P99, run.Max, run.Errors, run.FsyncMs, rc)
 	}
 	b.WriteString("\n")
 	for _, g := range e.goals() {
 		verdict := "**not met**"
-		if g.met {
+		switch {
+		case g.noisy():
+			verdict = "**inconclusive**"
+		case g.met:
 			verdict = "met"
 		}
-		fmt.Fprintf(b, "**Goal** (issue 16), %s: aether edge's write p99 within 2× of one replica's at every size: %s (worst %.2f× of one replica's %.2f ms).\n\n", g.placement, verdict, g.worst, g.one)
+		fmt.Fprintf(b, "**Goal** (issue 16), %s: aether edge's write p99 within 2× of one replica's at every size: %s (worst %.2f× of one replica's %.2f ms", g.placement, verdict, g.worst, g.one)
+		if len(g.ones) > 1 {
+			fmt.Fprintf(b, ", the lower of its runs' %s ms", joinMs(g.ones))
+			if g.noisy() {
+				fmt.Fprintf(b, ", which differ %.1f×: the machine was too noisy for a verdict", slices.Max(g.ones)/slices.Min(g.ones))
+			}
+		}
+		b.WriteString(").\n\n")
 	}
+}
+
+func joinMs(v []float64) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprintf("%.2f", x)
+	}
+	return strings.Join(s, " and ")
 }
 
 func placementName(p string) string {
@@ -436,21 +479,52 @@ func placementName(p string) string {
 
 // scaleGoal is the goal's verdict for one placement: the edge store's
 // write p99 within 2x of one replica's at every size, with no errors.
+//
+// One replica is measured twice, before and after the larger sizes, and
+// the baseline is the lower p99: noise on this shared machine only ever
+// slows a run, so the lower is nearer what one replica costs, and one slow
+// baseline can no longer pass every size (a run on 2026-12-03 had a pinned
+// one-replica p99 of 18.84 ms, and 8.10 ms at 7 members was "met"). When
+// the two disagree by more than half the verdict is "inconclusive".
 type scaleGoal struct {
 	placement  string
-	one, worst float64 // one replica's p99, the worst ratio to it
+	ones       []float64 // the one-replica runs' p99s
+	one, worst float64   // the baseline (the lowest of ones), the worst ratio to it
 	met        bool
+}
+
+// noisy: the one-replica runs disagree by more than half, so the machine
+// slowed at least one of them, and the other sizes' runs may have been
+// slowed as much: neither verdict would mean much.
+func (g scaleGoal) noisy() bool {
+	return len(g.ones) > 1 && slices.Max(g.ones) > 1.5*slices.Min(g.ones)
 }
 
 func (e *EdgeScaleResult) goals() []scaleGoal {
 	var out []scaleGoal
+	at := map[string]int{} // placement -> index in out
 	for _, run := range e.Runs {
 		if run.Server != "aether edge" || run.Size != 1 || run.P99 <= 0 {
 			continue
 		}
-		g := scaleGoal{placement: placementName(run.Placement), one: run.P99, met: true}
+		pl := placementName(run.Placement)
+		i, ok := at[pl]
+		if !ok {
+			i = len(out)
+			at[pl] = i
+			out = append(out, scaleGoal{placement: pl, met: true})
+		}
+		g := &out[i]
+		g.ones = append(g.ones, run.P99)
+		if run.Errors > 0 {
+			g.met = false
+		}
+	}
+	for i := range out {
+		g := &out[i]
+		g.one = slices.Min(g.ones)
 		for _, r := range e.Runs {
-			if r.Server != "aether edge" || placementName(r.Placement) != g.placement {
+			if r.Server != "aether edge" || placementName(r.Placement) != g.placement || r.Size == 1 {
 				continue
 			}
 			g.worst = max(g.worst, r.P99/g.one)
@@ -458,7 +532,6 @@ func (e *EdgeScaleResult) goals() []scaleGoal {
 				g.met = false
 			}
 		}
-		out = append(out, g)
 	}
 	return out
 }

@@ -89,3 +89,34 @@ func TestEdgeScaleSection(t *testing.T) {
 		}
 	}
 }
+
+// TestEdgeScaleGoalTakesTheLowerBaseline: one replica runs twice per
+// placement; a slow baseline must not pass a size that is past 2x of the
+// faster one, the repeat must not be judged against itself, and a pair
+// that disagrees makes the verdict inconclusive.
+func TestEdgeScaleGoalTakesTheLowerBaseline(t *testing.T) {
+	r := Report{Date: "d", Machine: "m", Command: "c", EdgeScale: &EdgeScaleResult{LatencyMs: 10, Rate: 500, Seconds: 10, Concurrency: 32, Runs: []EdgeScaleRun{
+		{Server: "aether edge", Size: 1, P99: 18, Placement: PlacementShared},
+		{Server: "aether edge", Size: 7, P99: 8, Placement: PlacementShared},
+		{Server: "aether edge", Size: 1, P99: 2, Placement: PlacementShared, Again: true},
+		{Server: "aether edge", Size: 1, P99: 2, Placement: PlacementPinned},
+		{Server: "aether edge", Size: 7, P99: 3.5, Placement: PlacementPinned},
+		{Server: "aether edge", Size: 1, P99: 2.2, Placement: PlacementPinned, Again: true},
+		// Calm baselines, one size past 2x of the lower: not met, though
+		// within 2x of the higher.
+		{Server: "aether edge", Size: 1, P99: 2, Placement: "calm"},
+		{Server: "aether edge", Size: 3, P99: 4.5, Placement: "calm"},
+		{Server: "aether edge", Size: 1, P99: 2.4, Placement: "calm", Again: true},
+	}}}
+	md := r.Markdown()
+	for _, want := range []string{
+		"shared: aether edge's write p99 within 2× of one replica's at every size: **inconclusive** (worst 4.00× of one replica's 2.00 ms, the lower of its runs' 18.00 and 2.00 ms, which differ 9.0×: the machine was too noisy for a verdict).",
+		"pinned: aether edge's write p99 within 2× of one replica's at every size: met (worst 1.75× of one replica's 2.00 ms, the lower of its runs' 2.00 and 2.20 ms).",
+		"calm: aether edge's write p99 within 2× of one replica's at every size: **not met** (worst 2.25× of one replica's 2.00 ms, the lower of its runs' 2.00 and 2.40 ms).",
+		"| shared | aether edge | 1 (again) |",
+	} {
+		if !strings.Contains(md, want) {
+			t.Errorf("want %q in\n%s", want, md)
+		}
+	}
+}
