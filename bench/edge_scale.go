@@ -198,9 +198,9 @@ func (c *scaleCluster) stop() {
 	}
 	os.RemoveAll(c.dir)
 	// Write back what this cluster left dirty before the next one starts:
-	// otherwise its fsyncs queue behind the writeback of the last one's
-	// data (a one-replica run after the 7-member clusters measured a p99
-	// 3 to 6x the first one-replica run's, in each of five runs).
+	// otherwise the next one's fsyncs can queue behind the writeback of
+	// this one's data on the shared disk. One source of run-to-run noise
+	// removed; docs/benchmarks.md says how much noise is left.
 	syscall.Sync()
 }
 
