@@ -446,6 +446,8 @@ func (r Report) edgeScaleMarkdown(b *strings.Builder) {
 	for _, g := range e.goals() {
 		verdict := "**not met**"
 		switch {
+		case g.errs:
+			// Failed writes fail the goal however noisy the machine.
 		case g.noisy():
 			verdict = "**inconclusive**"
 		case g.met:
@@ -454,9 +456,12 @@ func (r Report) edgeScaleMarkdown(b *strings.Builder) {
 		fmt.Fprintf(b, "**Goal** (issue 16), %s: aether edge's write p99 within 2× of one replica's at every size: %s (worst %.2f× of one replica's %.2f ms", g.placement, verdict, g.worst, g.one)
 		if len(g.ones) > 1 {
 			fmt.Fprintf(b, ", the lower of its runs' %s ms", joinMs(g.ones))
-			if g.noisy() {
+			if g.noisy() && !g.errs {
 				fmt.Fprintf(b, ", which differ %.1f×: the machine was too noisy for a verdict", slices.Max(g.ones)/slices.Min(g.ones))
 			}
+		}
+		if g.errs {
+			b.WriteString("; writes failed")
 		}
 		b.WriteString(").\n\n")
 	}
@@ -491,6 +496,7 @@ type scaleGoal struct {
 	ones       []float64 // the one-replica runs' p99s
 	one, worst float64   // the baseline (the lowest of ones), the worst ratio to it
 	met        bool
+	errs       bool // some aether edge run of the placement had errors
 }
 
 // noisy: the one-replica runs disagree by more than half, so the machine
@@ -517,7 +523,7 @@ func (e *EdgeScaleResult) goals() []scaleGoal {
 		g := &out[i]
 		g.ones = append(g.ones, run.P99)
 		if run.Errors > 0 {
-			g.met = false
+			g.met, g.errs = false, true
 		}
 	}
 	for i := range out {
@@ -528,6 +534,9 @@ func (e *EdgeScaleResult) goals() []scaleGoal {
 				continue
 			}
 			g.worst = max(g.worst, r.P99/g.one)
+			if r.Errors > 0 {
+				g.errs = true
+			}
 			if r.P99 > 2*g.one || r.Errors > 0 {
 				g.met = false
 			}

@@ -107,6 +107,10 @@ func TestEdgeScaleGoalTakesTheLowerBaseline(t *testing.T) {
 		{Server: "aether edge", Size: 1, P99: 2, Placement: "calm"},
 		{Server: "aether edge", Size: 3, P99: 4.5, Placement: "calm"},
 		{Server: "aether edge", Size: 1, P99: 2.4, Placement: "calm", Again: true},
+		// Noisy baselines, but a run with failed writes: not met.
+		{Server: "aether edge", Size: 1, P99: 2, Placement: "failing"},
+		{Server: "aether edge", Size: 3, P99: 2.5, Errors: 1, Placement: "failing"},
+		{Server: "aether edge", Size: 1, P99: 9, Placement: "failing", Again: true},
 	}}}
 	md := r.Markdown()
 	for _, want := range []string{
@@ -114,6 +118,7 @@ func TestEdgeScaleGoalTakesTheLowerBaseline(t *testing.T) {
 		"pinned: aether edge's write p99 within 2× of one replica's at every size: met (worst 1.75× of one replica's 2.00 ms, the lower of its runs' 2.00 and 2.20 ms).",
 		"calm: aether edge's write p99 within 2× of one replica's at every size: **not met** (worst 2.25× of one replica's 2.00 ms, the lower of its runs' 2.00 and 2.40 ms).",
 		"| shared | aether edge | 1 (again) |",
+		"failing: aether edge's write p99 within 2× of one replica's at every size: **not met** (worst 1.25× of one replica's 2.00 ms, the lower of its runs' 2.00 and 9.00 ms; writes failed).",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("want %q in\n%s", want, md)

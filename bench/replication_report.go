@@ -47,7 +47,7 @@ func (r Report) replicationMarkdown(b *strings.Builder) {
 			lagMissing = fmt.Sprintf(" (%d never shown)", run.LagMissing)
 		}
 		if run.LagCoalesced > 0 {
-			lagMissing += fmt.Sprintf(" (%d of keys created and deleted within one batch: no event to date)", run.LagCoalesced)
+			lagMissing += fmt.Sprintf(" (%d changes of keys created and deleted within one batch, so never shown: none lost)", run.LagCoalesced)
 		}
 		fmt.Fprintf(b, "| %s | %s | %d (%.0f/s) | %.2f ms | %.2f ms | %.2f ms%s | %s | %s | %s |\n",
 			run.Tool, lease, run.BurstChanges, run.BurstRatePS, run.Lag.P50, run.Lag.P99, run.Lag.Max, lagMissing, convergedCell(run.BurstConvergedMs), part, heal)
