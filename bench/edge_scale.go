@@ -43,8 +43,9 @@ type EdgeScaleConfig struct {
 	Duration    time.Duration // of the measured load, per cluster
 	Concurrency int           // writers sharing the offered rate
 	AetherBin   string
-	// Placements are the ways the members share this machine's CPUs,
-	// each run at every size: PlacementShared and PlacementPinned.
+	// Placements are the ways the members share this machine's CPUs and
+	// disk, each run at every size: PlacementShared, PlacementPinned and
+	// PlacementIsolated.
 	Placements []string
 }
 
@@ -58,7 +59,16 @@ const (
 	// which is the clients and the links, may run anywhere). The disk is
 	// still one for all.
 	PlacementPinned = "pinned"
+	// PlacementIsolated: pinned, and the disk the loaded member's alone:
+	// the others keep their data in memory (memDir), so their fsyncs,
+	// which separate sites would issue to their own disks, do not queue
+	// with the loaded member's. A member's own fsyncs still hit the disk.
+	PlacementIsolated = "isolated"
 )
+
+// memDir is where PlacementIsolated keeps the members the load is not at:
+// a memory-backed file system on Linux.
+const memDir = "/dev/shm"
 
 // EdgeScaleRun is one cluster's figures.
 type EdgeScaleRun struct {
@@ -73,8 +83,8 @@ type EdgeScaleRun struct {
 	Max       float64 `json:"max_ms"`
 	// FsyncMs is the loaded member's mean WAL fdatasync during the load
 	// (both servers export etcd_disk_wal_fsync_duration_seconds): every
-	// member fsyncs every change on this machine's one disk, and a write
-	// is acknowledged after its fsync.
+	// member fsyncs every change (but in PlacementIsolated on this
+	// machine's one disk), and a write is acknowledged after its fsync.
 	FsyncMs float64 `json:"writer_fsync_mean_ms"`
 	// Receipts (aether edge, 2 members or more) is, over the members the
 	// load was not at, changes received from peers per change merged: 1
@@ -102,8 +112,13 @@ func runEdgeScale(ctx context.Context, o Options, r *Report, w io.Writer) error 
 		Placements: []string{PlacementShared}}
 	if runtime.NumCPU() >= 2 {
 		cfg.Placements = append(cfg.Placements, PlacementPinned)
+		if st, err := os.Stat(memDir); err == nil && st.IsDir() {
+			cfg.Placements = append(cfg.Placements, PlacementIsolated)
+		} else {
+			fmt.Fprintf(w, "edge-scale: no %s, so no isolated placement\n", memDir)
+		}
 	} else {
-		fmt.Fprintf(w, "edge-scale: one CPU, so no pinned placement\n")
+		fmt.Fprintf(w, "edge-scale: one CPU, so no pinned or isolated placement\n")
 	}
 	if o.Quick {
 		cfg.Sizes, cfg.Duration, cfg.Rate = []int{1, 3}, 2*time.Second, 200
@@ -187,6 +202,7 @@ type scaleCluster struct {
 	proxies []*faultproxy.Proxy
 	clients []string // client URLs
 	dir     string
+	mem     string // the members' data in memory (PlacementIsolated), or ""
 }
 
 func (c *scaleCluster) stop() {
@@ -197,6 +213,9 @@ func (c *scaleCluster) stop() {
 		_ = p.Close()
 	}
 	os.RemoveAll(c.dir)
+	if c.mem != "" {
+		os.RemoveAll(c.mem)
+	}
 	// Write back what this cluster left dirty before the next one starts:
 	// otherwise the next one's fsyncs can queue behind the writeback of
 	// this one's data on the shared disk. One source of run-to-run noise
@@ -204,13 +223,21 @@ func (c *scaleCluster) stop() {
 	syscall.Sync()
 }
 
-func startScaleCluster(ctx context.Context, name, bin string, pre []string, n int, latency time.Duration) (*scaleCluster, error) {
+// startScaleCluster starts n members; with inMemory, every member but the
+// first keeps its data under memDir (PlacementIsolated).
+func startScaleCluster(ctx context.Context, name, bin string, pre []string, n int, latency time.Duration, inMemory bool) (*scaleCluster, error) {
 	return startRetrying(func() (*scaleCluster, error) {
 		dir, err := os.MkdirTemp("", "aether-bench-scale-")
 		if err != nil {
 			return nil, err
 		}
 		c := &scaleCluster{dir: dir}
+		if inMemory && n > 1 {
+			if c.mem, err = os.MkdirTemp(memDir, "aether-bench-scale-"); err != nil {
+				c.stop()
+				return nil, err
+			}
+		}
 		ports, err := freePorts(2 * n)
 		if err != nil {
 			c.stop()
@@ -232,8 +259,12 @@ func startScaleCluster(ctx context.Context, name, bin string, pre []string, n in
 			// Each member listens on its own peer port and is known to
 			// the others at its proxy: every byte between two members
 			// crosses one proxy, whichever side dialled.
+			data := filepath.Join(dir, fmt.Sprintf("m%d", i))
+			if c.mem != "" && i > 0 {
+				data = filepath.Join(c.mem, fmt.Sprintf("m%d", i))
+			}
 			args := append(append([]string(nil), pre...),
-				"--name", fmt.Sprintf("m%d", i), "--data-dir", filepath.Join(dir, fmt.Sprintf("m%d", i)),
+				"--name", fmt.Sprintf("m%d", i), "--data-dir", data,
 				"--listen-client-urls", c.clients[i], "--advertise-client-urls", c.clients[i],
 				"--listen-peer-urls", fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1]),
 				"--initial-advertise-peer-urls", "http://"+c.proxies[i].Addr(),
@@ -259,16 +290,23 @@ func startScaleCluster(ctx context.Context, name, bin string, pre []string, n in
 
 func edgeScaleOne(ctx context.Context, cfg EdgeScaleConfig, name, bin string, pre []string, n int, placement string) (EdgeScaleRun, error) {
 	run := EdgeScaleRun{Server: name, Size: n, Placement: placement}
-	c, err := startScaleCluster(ctx, name, bin, pre, n, cfg.Latency)
+	isolated := placement == PlacementIsolated
+	c, err := startScaleCluster(ctx, name, bin, pre, n, cfg.Latency, isolated)
 	if err != nil {
 		return run, err
 	}
 	defer c.stop()
-	target, err := scaleTarget(ctx, c.clients)
+	var target string
+	if isolated {
+		// The load goes to the member whose data is on the disk.
+		target, err = c.clients[0], leadFrom(ctx, c.clients, 0)
+	} else {
+		target, err = scaleTarget(ctx, c.clients)
+	}
 	if err != nil {
 		return run, err
 	}
-	if placement == PlacementPinned {
+	if placement == PlacementPinned || isolated {
 		if err := pinScaleCluster(c, target); err != nil {
 			return run, err
 		}
@@ -419,6 +457,51 @@ func scaleTarget(ctx context.Context, clients []string) (string, error) {
 	return clients[0], nil
 }
 
+// leadFrom makes clients[i] etcd's leader, where there is one: the
+// leader hands over to it (MoveLeader), and leadFrom returns once
+// clients[i] reports itself leader. A cluster without a leader (aether
+// edge) is left as it is.
+func leadFrom(ctx context.Context, clients []string, i int) error {
+	if len(clients) == 1 {
+		return nil
+	}
+	leader, err := scaleTarget(ctx, clients)
+	if err != nil || leader == clients[i] {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{leader}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := cli.Status(cctx, clients[i])
+	if err != nil {
+		return fmt.Errorf("status of %s: %w", clients[i], err)
+	}
+	if st.Leader == 0 {
+		return nil // no leader to move: not etcd
+	}
+	if _, err := cli.MoveLeader(cctx, st.Header.MemberId); err != nil {
+		return fmt.Errorf("moving the leader from %s to %s: %w", leader, clients[i], err)
+	}
+	for {
+		st, err := cli.Status(cctx, clients[i])
+		if err != nil {
+			return fmt.Errorf("status of %s: %w", clients[i], err)
+		}
+		if st.Leader == st.Header.MemberId {
+			return nil
+		}
+		select {
+		case <-cctx.Done():
+			return fmt.Errorf("%s did not become leader: %w", clients[i], cctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
 func (r Report) edgeScaleMarkdown(b *strings.Builder) {
 	e := r.EdgeScale
 	fmt.Fprintf(b, "### Edge store: write latency against cluster size over slow links (last run %s)\n\n", r.Date)
@@ -428,8 +511,8 @@ func (r Report) edgeScaleMarkdown(b *strings.Builder) {
 	if e.LoadAvgBefore > 0 {
 		fmt.Fprintf(b, "The machine's 1-minute load average was %.2f before and %.2f after (%d cores): compare the two servers within a size, not with other runs.\n\n", e.LoadAvgBefore, e.LoadAvgAfter, runtime.NumCPU())
 	}
-	b.WriteString("*Writer fsync* is the loaded member's mean WAL fdatasync during the load: every member fsyncs every change, all on this machine's one disk, and a put is acknowledged after its fsync. *Receipts* (aether edge) is, at the other members, changes received from peers per change merged: 1 when each change arrives once, from its author (a relayed change waits for the peer's answer to a probe: edge/synclog.go, take); before that rule it was one less than the members.\n\n")
-	b.WriteString("*Placement*: **shared**, every member may run on either core, as the scheduler likes, so each member added takes CPU from the loaded one; **pinned**, the loaded member (etcd's leader, the edge replica taking the load) alone on CPU 0 and the others on the rest (`sched_setaffinity` on each member's threads: bench/pin_linux.go), as if the loaded site were a machine of its own; the harness, which is the clients and the links' proxies, runs on any core, and the disk is one for all in both.\n\n")
+	b.WriteString("*Writer fsync* is the loaded member's mean WAL fdatasync during the load: every member fsyncs every change (in shared and pinned all on this machine's one disk), and a put is acknowledged after its fsync. *Receipts* (aether edge) is, at the other members, changes received from peers per change merged: 1 when each change arrives once, from its author (a relayed change waits for the peer's answer to a probe: edge/synclog.go, take); before that rule it was one less than the members.\n\n")
+	b.WriteString("*Placement*: **shared**, every member may run on either core, as the scheduler likes, so each member added takes CPU from the loaded one; **pinned**, the loaded member (etcd's leader, the edge replica taking the load) alone on CPU 0 and the others on the rest (`sched_setaffinity` on each member's threads: bench/pin_linux.go), as if the loaded site were a machine of its own; **isolated**, pinned so, and the disk the loaded member's alone: the others keep their data in memory (`/dev/shm`), as separate sites would fsync to disks of their own (etcd's leader is moved to the member on the disk first). The harness, which is the clients and the links' proxies, runs on any core in all three; in shared and pinned the disk is one for all.\n\n")
 	b.WriteString("| placement | server | members | achieved | p50 | p99 | max | errors | writer fsync | receipts per change |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, run := range e.Runs {
 		rc := "n/a"
