@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,6 +46,10 @@ type EdgeScaleConfig struct {
 	// disk, each run at every size: PlacementShared, PlacementPinned and
 	// PlacementIsolated.
 	Placements []string
+	// Rounds: every placement and size is run this many times, round
+	// after round (so a spell of noise on this shared machine lands on
+	// all sizes alike rather than on one), and judged by the median.
+	Rounds int
 }
 
 // Placements of the members on the machine's CPUs.
@@ -90,9 +93,7 @@ type EdgeScaleRun struct {
 	// load was not at, changes received from peers per change merged: 1
 	// when each change arrives once.
 	Receipts float64 `json:"receipts_per_change,omitempty"`
-	// Again marks the one-replica run repeated after the larger sizes of
-	// its placement (see goals).
-	Again bool `json:"again,omitempty"`
+	Round    int     `json:"round"` // from 1 (Rounds)
 }
 
 // EdgeScaleResult is the scenario's figures.
@@ -102,6 +103,7 @@ type EdgeScaleResult struct {
 	Seconds       float64        `json:"seconds"`
 	Concurrency   int            `json:"concurrency"`
 	EtcdVersion   string         `json:"etcd_version"`
+	Rounds        int            `json:"rounds"`
 	Runs          []EdgeScaleRun `json:"runs"`
 	LoadAvgBefore float64        `json:"loadavg_before"`
 	LoadAvgAfter  float64        `json:"loadavg_after"`
@@ -109,7 +111,7 @@ type EdgeScaleResult struct {
 
 func runEdgeScale(ctx context.Context, o Options, r *Report, w io.Writer) error {
 	cfg := EdgeScaleConfig{Sizes: []int{1, 3, 5, 7}, Latency: 10 * time.Millisecond, Rate: 500, Duration: 10 * time.Second, Concurrency: 32, AetherBin: o.AetherBin,
-		Placements: []string{PlacementShared}}
+		Placements: []string{PlacementShared}, Rounds: 3}
 	if runtime.NumCPU() >= 2 {
 		cfg.Placements = append(cfg.Placements, PlacementPinned)
 		if st, err := os.Stat(memDir); err == nil && st.IsDir() {
@@ -121,9 +123,9 @@ func runEdgeScale(ctx context.Context, o Options, r *Report, w io.Writer) error 
 		fmt.Fprintf(w, "edge-scale: one CPU, so no pinned or isolated placement\n")
 	}
 	if o.Quick {
-		cfg.Sizes, cfg.Duration, cfg.Rate = []int{1, 3}, 2*time.Second, 200
+		cfg.Sizes, cfg.Duration, cfg.Rate, cfg.Rounds = []int{1, 3}, 2*time.Second, 200, 1
 	}
-	fmt.Fprintf(w, "edge-scale: %d writes/s at the local member of %v-member clusters, %v each way on every link, etcd and aether edge...\n", cfg.Rate, cfg.Sizes, cfg.Latency)
+	fmt.Fprintf(w, "edge-scale: %d writes/s at the local member of %v-member clusters, %v each way on every link, etcd and aether edge, %d rounds...\n", cfg.Rate, cfg.Sizes, cfg.Latency, cfg.Rounds)
 	res, err := EdgeScale(ctx, cfg, w)
 	if err != nil {
 		return fmt.Errorf("edge-scale: %w", err)
@@ -154,31 +156,24 @@ func EdgeScale(ctx context.Context, cfg EdgeScaleConfig, w io.Writer) (EdgeScale
 	if len(placements) == 0 {
 		placements = []string{PlacementShared}
 	}
-	for _, pl := range placements {
-		for _, n := range cfg.Sizes {
-			for _, srv := range []struct {
-				name string
-				bin  string
-				pre  []string
-			}{{"etcd", etcd, nil}, {"aether edge", aether, []string{"edge"}}} {
-				run, err := edgeScaleOne(ctx, cfg, srv.name, srv.bin, srv.pre, n, pl)
-				if err != nil {
-					return res, fmt.Errorf("%s, %d members, %s: %w", srv.name, n, pl, err)
+	res.Rounds = max(cfg.Rounds, 1)
+	for round := 1; round <= res.Rounds; round++ {
+		for _, pl := range placements {
+			for _, n := range cfg.Sizes {
+				for _, srv := range []struct {
+					name string
+					bin  string
+					pre  []string
+				}{{"etcd", etcd, nil}, {"aether edge", aether, []string{"edge"}}} {
+					run, err := edgeScaleOne(ctx, cfg, srv.name, srv.bin, srv.pre, n, pl)
+					if err != nil {
+						return res, fmt.Errorf("round %d, %s, %d members, %s: %w", round, srv.name, n, pl, err)
+					}
+					run.Round = round
+					fmt.Fprintf(w, "  round %d %-8s %-11s %d members: %s\n", round, pl, srv.name, n, run)
+					res.Runs = append(res.Runs, run)
 				}
-				fmt.Fprintf(w, "  %-6s %-11s %d members: %s\n", pl, srv.name, n, run)
-				res.Runs = append(res.Runs, run)
 			}
-		}
-		// One replica again, after the larger sizes: the goal's baseline
-		// is the lower of the two (goals).
-		if slices.Contains(cfg.Sizes, 1) && len(cfg.Sizes) > 1 {
-			run, err := edgeScaleOne(ctx, cfg, "aether edge", aether, []string{"edge"}, 1, pl)
-			if err != nil {
-				return res, fmt.Errorf("aether edge, 1 member again, %s: %w", pl, err)
-			}
-			run.Again = true
-			fmt.Fprintf(w, "  %-6s %-11s 1 member again: %s\n", pl, "aether edge", run)
-			res.Runs = append(res.Runs, run)
 		}
 	}
 	res.LoadAvgAfter = loadAvg()
@@ -513,17 +508,16 @@ func (r Report) edgeScaleMarkdown(b *strings.Builder) {
 	}
 	b.WriteString("*Writer fsync* is the loaded member's mean WAL fdatasync during the load: every member fsyncs every change (in shared and pinned all on this machine's one disk), and a put is acknowledged after its fsync. *Receipts* (aether edge) is, at the other members, changes received from peers per change merged: 1 when each change arrives once, from its author (a relayed change waits for the peer's answer to a probe: edge/synclog.go, take); before that rule it was one less than the members.\n\n")
 	b.WriteString("*Placement*: **shared**, every member may run on either core, as the scheduler likes, so each member added takes CPU from the loaded one; **pinned**, the loaded member (etcd's leader, the edge replica taking the load) alone on CPU 0 and the others on the rest (`sched_setaffinity` on each member's threads: bench/pin_linux.go), as if the loaded site were a machine of its own; **isolated**, pinned so, and the disk the loaded member's alone: the others keep their data in memory (`/dev/shm`), as separate sites would fsync to disks of their own (etcd's leader is moved to the member on the disk first). The harness, which is the clients and the links' proxies, runs on any core in all three; in shared and pinned the disk is one for all.\n\n")
-	b.WriteString("| placement | server | members | achieved | p50 | p99 | max | errors | writer fsync | receipts per change |\n|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, run := range e.Runs {
+	if e.Rounds > 1 {
+		fmt.Fprintf(b, "Every placement and size ran %d times, round after round (each round all placements and sizes, both servers), so that a spell of the machine's noise weighs on every size alike rather than on the one it happened to fall on; each row is the median of its runs (*max*: the largest; *errors*: the sum), and *p99 by round* lists every run's.\n\n", e.Rounds)
+	}
+	b.WriteString("| placement | server | members | achieved | p50 | p99 | p99 by round | max | errors | writer fsync | receipts per change |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, row := range e.rows() {
 		rc := "n/a"
-		if run.Receipts > 0 {
-			rc = fmt.Sprintf("%.2f", run.Receipts)
+		if row.Receipts > 0 {
+			rc = fmt.Sprintf("%.2f", row.Receipts)
 		}
-		size := strconv.Itoa(run.Size)
-		if run.Again {
-			size += " (again)"
-		}
-		fmt.Fprintf(b, "| %s | %s | %s | %.0f/s | %.2f ms | %.2f ms | %.2f ms | %d | %.2f ms | %s |\n", placementName(run.Placement), run.Server, size, run.Achieved, run.P50, run.P99, run.Max, run.Errors, run.FsyncMs, rc)
+		fmt.Fprintf(b, "| %s | %s | %d | %.0f/s | %.2f ms | %.2f ms | %s ms | %.2f ms | %d | %.2f ms | %s |\n", row.Placement, row.Server, row.Size, row.Achieved, row.P50, row.P99, joinMs(row.p99s), row.Max, row.Errors, row.FsyncMs, rc)
 	}
 	b.WriteString("\n")
 	for _, g := range e.goals() {
@@ -538,9 +532,9 @@ func (r Report) edgeScaleMarkdown(b *strings.Builder) {
 		}
 		fmt.Fprintf(b, "**Goal** (issue 16), %s: aether edge's write p99 within 2× of one replica's at every size: %s (worst %.2f× of one replica's %.2f ms", g.placement, verdict, g.worst, g.one)
 		if len(g.ones) > 1 {
-			fmt.Fprintf(b, ", the lower of its runs' %s ms", joinMs(g.ones))
+			fmt.Fprintf(b, ", the median of its runs' %s ms", joinMs(g.ones))
 			if g.noisy() && !g.errs {
-				fmt.Fprintf(b, ", which differ %.1f×: the machine was too noisy for a verdict", slices.Max(g.ones)/slices.Min(g.ones))
+				fmt.Fprintf(b, ", %.1f× their lowest: most of them were slowed, and the machine was too noisy for a verdict", g.one/slices.Min(g.ones))
 			}
 		}
 		if g.errs {
@@ -550,12 +544,16 @@ func (r Report) edgeScaleMarkdown(b *strings.Builder) {
 	}
 }
 
+// joinMs lists v as "1.00, 2.00 and 3.00".
 func joinMs(v []float64) string {
 	s := make([]string, len(v))
 	for i, x := range v {
 		s[i] = fmt.Sprintf("%.2f", x)
 	}
-	return strings.Join(s, " and ")
+	if len(s) < 2 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }
 
 func placementName(p string) string {
@@ -565,55 +563,106 @@ func placementName(p string) string {
 	return p
 }
 
+// scaleRow is one placement, server and size over its rounds: the
+// medians of its runs' figures, the largest max and the errors summed.
+type scaleRow struct {
+	EdgeScaleRun
+	p99s []float64 // every round's, in round order
+}
+
+// rows groups e's runs by placement, server and size, in the order each
+// first ran.
+func (e *EdgeScaleResult) rows() []scaleRow {
+	type key struct {
+		placement, server string
+		size              int
+	}
+	var order []key
+	runs := map[key][]EdgeScaleRun{}
+	for _, r := range e.Runs {
+		k := key{placementName(r.Placement), r.Server, r.Size}
+		if _, ok := runs[k]; !ok {
+			order = append(order, k)
+		}
+		runs[k] = append(runs[k], r)
+	}
+	out := make([]scaleRow, 0, len(order))
+	for _, k := range order {
+		rs := runs[k]
+		row := scaleRow{EdgeScaleRun: EdgeScaleRun{Server: k.server, Placement: k.placement, Size: k.size}}
+		pick := func(f func(EdgeScaleRun) float64) float64 {
+			v := make([]float64, len(rs))
+			for i, r := range rs {
+				v[i] = f(r)
+			}
+			return median(v)
+		}
+		row.Achieved = pick(func(r EdgeScaleRun) float64 { return r.Achieved })
+		row.P50 = pick(func(r EdgeScaleRun) float64 { return r.P50 })
+		row.P99 = pick(func(r EdgeScaleRun) float64 { return r.P99 })
+		row.FsyncMs = pick(func(r EdgeScaleRun) float64 { return r.FsyncMs })
+		row.Receipts = pick(func(r EdgeScaleRun) float64 { return r.Receipts })
+		for _, r := range rs {
+			row.p99s = append(row.p99s, r.P99)
+			row.Max = max(row.Max, r.Max)
+			row.Errors += r.Errors
+			row.Writes += r.Writes
+		}
+		out = append(out, row)
+	}
+	return out
+}
+
+// median of v (the mean of the middle two when there is an even number),
+// 0 for none.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
 // scaleGoal is the goal's verdict for one placement: the edge store's
-// write p99 within 2x of one replica's at every size, with no errors.
+// write p99 within 2x of one replica's at every size, with no errors,
+// each size's p99 the median of its rounds'.
 //
-// One replica is measured twice, before and after the larger sizes, and
-// the baseline is the lower p99: noise on this shared machine only ever
-// slows a run, so the lower is nearer what one replica costs, and one slow
-// baseline can no longer pass every size (a run on 2026-12-03 had a pinned
-// one-replica p99 of 18.84 ms, and 8.10 ms at 7 members was "met"). When
-// the two disagree by more than half the verdict is "inconclusive".
+// The median, because noise on this shared machine only ever slows a run
+// and comes in spells: one slow run among three moves no verdict (a
+// single pair of runs on 2026-12-03 had a pinned one-replica p99 of 18.84
+// ms, and 8.10 ms at 7 members was "met"). When the baseline's median is
+// more than 1.5x its lowest run, most one-replica runs were slowed, a slow
+// baseline could pass any size, and the verdict is "inconclusive".
 type scaleGoal struct {
 	placement  string
 	ones       []float64 // the one-replica runs' p99s
-	one, worst float64   // the baseline (the lowest of ones), the worst ratio to it
+	one, worst float64   // the baseline (the median of ones), the worst ratio to it
 	met        bool
 	errs       bool // some aether edge run of the placement had errors
 }
 
-// noisy: the one-replica runs disagree by more than half, so the machine
-// slowed at least one of them, and the other sizes' runs may have been
-// slowed as much: neither verdict would mean much.
 func (g scaleGoal) noisy() bool {
-	return len(g.ones) > 1 && slices.Max(g.ones) > 1.5*slices.Min(g.ones)
+	return len(g.ones) > 1 && g.one > 1.5*slices.Min(g.ones)
 }
 
 func (e *EdgeScaleResult) goals() []scaleGoal {
 	var out []scaleGoal
-	at := map[string]int{} // placement -> index in out
-	for _, run := range e.Runs {
-		if run.Server != "aether edge" || run.Size != 1 || run.P99 <= 0 {
+	rows := e.rows()
+	for _, row := range rows {
+		if row.Server != "aether edge" || row.Size != 1 || row.P99 <= 0 {
 			continue
 		}
-		pl := placementName(run.Placement)
-		i, ok := at[pl]
-		if !ok {
-			i = len(out)
-			at[pl] = i
-			out = append(out, scaleGoal{placement: pl, met: true})
-		}
-		g := &out[i]
-		g.ones = append(g.ones, run.P99)
-		if run.Errors > 0 {
-			g.met, g.errs = false, true
-		}
+		out = append(out, scaleGoal{placement: row.Placement, ones: row.p99s, one: row.P99, met: true, errs: row.Errors > 0})
 	}
 	for i := range out {
 		g := &out[i]
-		g.one = slices.Min(g.ones)
-		for _, r := range e.Runs {
-			if r.Server != "aether edge" || placementName(r.Placement) != g.placement || r.Size == 1 {
+		g.met = !g.errs
+		for _, r := range rows {
+			if r.Server != "aether edge" || r.Placement != g.placement || r.Size == 1 {
 				continue
 			}
 			g.worst = max(g.worst, r.P99/g.one)

@@ -90,35 +90,42 @@ func TestEdgeScaleSection(t *testing.T) {
 	}
 }
 
-// TestEdgeScaleGoalTakesTheLowerBaseline: one replica runs twice per
-// placement; a slow baseline must not pass a size that is past 2x of the
-// faster one, the repeat must not be judged against itself, and a pair
-// that disagrees makes the verdict inconclusive.
-func TestEdgeScaleGoalTakesTheLowerBaseline(t *testing.T) {
-	r := Report{Date: "d", Machine: "m", Command: "c", EdgeScale: &EdgeScaleResult{LatencyMs: 10, Rate: 500, Seconds: 10, Concurrency: 32, Runs: []EdgeScaleRun{
-		{Server: "aether edge", Size: 1, P99: 18, Placement: PlacementShared},
-		{Server: "aether edge", Size: 7, P99: 8, Placement: PlacementShared},
-		{Server: "aether edge", Size: 1, P99: 2, Placement: PlacementShared, Again: true},
-		{Server: "aether edge", Size: 1, P99: 2, Placement: PlacementPinned},
-		{Server: "aether edge", Size: 7, P99: 3.5, Placement: PlacementPinned},
-		{Server: "aether edge", Size: 1, P99: 2.2, Placement: PlacementPinned, Again: true},
-		// Calm baselines, one size past 2x of the lower: not met, though
-		// within 2x of the higher.
-		{Server: "aether edge", Size: 1, P99: 2, Placement: "calm"},
-		{Server: "aether edge", Size: 3, P99: 4.5, Placement: "calm"},
-		{Server: "aether edge", Size: 1, P99: 2.4, Placement: "calm", Again: true},
+// TestEdgeScaleGoalTakesTheMedian: each size runs once per round; the
+// goal compares medians, so one slow baseline run passes nothing and one
+// slow run at a size fails nothing, and a baseline whose median is far
+// above its lowest run makes the verdict inconclusive.
+func TestEdgeScaleGoalTakesTheMedian(t *testing.T) {
+	runs := func(pl string, size int, errs int, p99s ...float64) []EdgeScaleRun {
+		var out []EdgeScaleRun
+		for i, p := range p99s {
+			out = append(out, EdgeScaleRun{Server: "aether edge", Size: size, P99: p, Placement: pl, Round: i + 1, Errors: errs})
+		}
+		return out
+	}
+	var all []EdgeScaleRun
+	for _, rs := range [][]EdgeScaleRun{
+		// One slow baseline run (18 ms): the median is 2.2, and 7
+		// members' median 8 is past 2x.
+		runs(PlacementShared, 1, 0, 18, 2, 2.2), runs(PlacementShared, 7, 0, 8, 8, 3),
+		// One slow run at 7 members (30 ms): the median 3.5 is within.
+		runs(PlacementPinned, 1, 0, 2, 2.2, 2.1), runs(PlacementPinned, 7, 0, 3.5, 30, 3.4),
+		// Two of three baseline runs slow: inconclusive, though "met".
+		runs("noisy", 1, 0, 2, 9, 10), runs("noisy", 3, 0, 12, 11, 3),
 		// Noisy baselines, but a run with failed writes: not met.
-		{Server: "aether edge", Size: 1, P99: 2, Placement: "failing"},
-		{Server: "aether edge", Size: 3, P99: 2.5, Errors: 1, Placement: "failing"},
-		{Server: "aether edge", Size: 1, P99: 9, Placement: "failing", Again: true},
-	}}}
+		runs("failing", 1, 0, 2, 9, 10), runs("failing", 3, 1, 2.5, 2.5, 2.5),
+	} {
+		all = append(all, rs...)
+	}
+	r := Report{Date: "d", Machine: "m", Command: "c", EdgeScale: &EdgeScaleResult{LatencyMs: 10, Rate: 500, Seconds: 10, Concurrency: 32, Rounds: 3, Runs: all}}
 	md := r.Markdown()
 	for _, want := range []string{
-		"shared: aether edge's write p99 within 2× of one replica's at every size: **inconclusive** (worst 4.00× of one replica's 2.00 ms, the lower of its runs' 18.00 and 2.00 ms, which differ 9.0×: the machine was too noisy for a verdict).",
-		"pinned: aether edge's write p99 within 2× of one replica's at every size: met (worst 1.75× of one replica's 2.00 ms, the lower of its runs' 2.00 and 2.20 ms).",
-		"calm: aether edge's write p99 within 2× of one replica's at every size: **not met** (worst 2.25× of one replica's 2.00 ms, the lower of its runs' 2.00 and 2.40 ms).",
-		"| shared | aether edge | 1 (again) |",
-		"failing: aether edge's write p99 within 2× of one replica's at every size: **not met** (worst 1.25× of one replica's 2.00 ms, the lower of its runs' 2.00 and 9.00 ms; writes failed).",
+		"shared: aether edge's write p99 within 2× of one replica's at every size: **not met** (worst 3.64× of one replica's 2.20 ms, the median of its runs' 18.00, 2.00 and 2.20 ms).",
+		"pinned: aether edge's write p99 within 2× of one replica's at every size: met (worst 1.67× of one replica's 2.10 ms, the median of its runs' 2.00, 2.20 and 2.10 ms).",
+		"noisy: aether edge's write p99 within 2× of one replica's at every size: **inconclusive** (worst 1.22× of one replica's 9.00 ms, the median of its runs' 2.00, 9.00 and 10.00 ms, 4.5× their lowest: most of them were slowed, and the machine was too noisy for a verdict).",
+		"failing: aether edge's write p99 within 2× of one replica's at every size: **not met** (worst 0.28× of one replica's 9.00 ms, the median of its runs' 2.00, 9.00 and 10.00 ms; writes failed).",
+		"| pinned | aether edge | 7 | 0/s | 0.00 ms | 3.50 ms | 3.50, 30.00 and 3.40 ms | 0.00 ms | 0 |",
+		"| failing | aether edge | 3 | 0/s | 0.00 ms | 2.50 ms | 2.50, 2.50 and 2.50 ms | 0.00 ms | 3 |",
+		"ran 3 times, round after round",
 	} {
 		if !strings.Contains(md, want) {
 			t.Errorf("want %q in\n%s", want, md)
