@@ -52,7 +52,7 @@ type EdgeScaleConfig struct {
 	Rounds int
 }
 
-// Placements of the members on the machine's CPUs.
+// Placements of the members on the machine's CPUs and disk.
 const (
 	// PlacementShared: every member may run on every CPU, as the
 	// scheduler likes: N members cost the loaded one CPU time.
@@ -86,8 +86,8 @@ type EdgeScaleRun struct {
 	Max       float64 `json:"max_ms"`
 	// FsyncMs is the loaded member's mean WAL fdatasync during the load
 	// (both servers export etcd_disk_wal_fsync_duration_seconds): every
-	// member fsyncs every change (but in PlacementIsolated on this
-	// machine's one disk), and a write is acknowledged after its fsync.
+	// member fsyncs every change, all on this machine's one disk but in
+	// PlacementIsolated, and a write is acknowledged after its fsync.
 	FsyncMs float64 `json:"writer_fsync_mean_ms"`
 	// Receipts (aether edge, 2 members or more) is, over the members the
 	// load was not at, changes received from peers per change merged: 1
