@@ -287,7 +287,7 @@ func (s *Store) RevokeLease(ctx context.Context, lease int64) (int64, error) {
 		// Gone already; records a crashed revoker or reaper left behind
 		// still go (they are dead by the rule, and the reaper's sweep
 		// would remove them too).
-		if _, err := s.deleteNodesOf(ctx, lease); err != nil {
+		if _, err := s.deleteNodesOf(ctx, lease, nil); err != nil {
 			return 0, err
 		}
 		return 0, nil
@@ -311,6 +311,14 @@ func (s *Store) endLease(ctx context.Context, l *coordinationv1.Lease, lapsed bo
 	if lapsed {
 		opts.Preconditions = &metav1.Preconditions{ResourceVersion: &l.ResourceVersion, UID: &l.UID}
 	}
+	// The records are listed before the lease goes too: once it is gone
+	// a reaper may delete them before the list after it (they are dead
+	// by the rule), and the revision returned must still cover those
+	// deletions (deleteNode learns another's from its watch).
+	before, err := s.nodesOf(ctx, lease)
+	if err != nil {
+		return 0, err
+	}
 	// The lease first: once it is gone no renewal or PutNode can succeed
 	// under it, and the records left are dead by the rule.
 	rev, err := s.deleteConfirmed(ctx, leaseWatcher{s}, l.Name, l.ResourceVersion, func(ctx context.Context) error {
@@ -324,7 +332,7 @@ func (s *Store) endLease(ctx context.Context, l *coordinationv1.Lease, lapsed bo
 	case err != nil:
 		return 0, fmt.Errorf("kubernetes: end lease %x: %w", lease, classify(err))
 	}
-	nrev, err := s.deleteNodesOf(ctx, lease)
+	nrev, err := s.deleteNodesOf(ctx, lease, before)
 	if err != nil {
 		return 0, err
 	}
@@ -351,8 +359,10 @@ func (w leaseWatcher) watchOne(ctx context.Context, name, fromRV string) (watch.
 // resources return the deleted object), so the deletion's revision is
 // read from a watch of that one object opened from rv before the delete:
 // the delete is preconditioned on rv or is of whatever version is there,
-// and the first DELETED event after rv is the one this delete caused
-// (another's delete in between makes this one fail with NotFound).
+// and the first DELETED event after rv is the one this delete caused.
+// Another's delete in between makes this one fail with NotFound; the
+// revision returned with that error is then the other's deletion (from
+// the same watch; 0 without one).
 func (s *Store) deleteConfirmed(ctx context.Context, w objectWatcher, name, rv string, del func(context.Context) error) (int64, error) {
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -364,44 +374,67 @@ func (s *Store) deleteConfirmed(ctx context.Context, w objectWatcher, name, rv s
 		// skip nothing of this key's).
 		s.log.Debug("watch to confirm a deletion's revision", "name", name, "err", werr)
 	}
-	if err := del(ctx); err != nil {
+	derr := del(ctx)
+	if derr != nil && (wi == nil || !apierrors.IsNotFound(derr)) {
 		if wi != nil {
 			wi.Stop()
 		}
-		return 0, err
+		return 0, derr
 	}
 	if wi == nil {
 		return s.currentRevision(ctx)
 	}
 	defer wi.Stop()
+	if derr != nil {
+		// Gone already: when it went is on the watch opened at rv.
+		rev, err := waitDeleted(wctx, wi, name)
+		if err != nil {
+			rev = 0
+		}
+		return rev, derr
+	}
+	rev, err := waitDeleted(wctx, wi, name)
+	if err == nil {
+		return rev, nil
+	}
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	return s.currentRevision(ctx)
+}
+
+// errNoDeletion: a watch ended, failed or timed out before it showed the
+// deletion waited for.
+var errNoDeletion = errors.New("no deletion event on the watch")
+
+// waitDeleted returns the revision of the first DELETED event of name on
+// wi.
+func waitDeleted(ctx context.Context, wi watch.Interface, name string) (int64, error) {
 	for {
 		select {
 		case ev, ok := <-wi.ResultChan():
 			if !ok {
-				return s.currentRevision(ctx)
+				return 0, errNoDeletion
 			}
 			switch ev.Type {
 			case watch.Deleted:
 				m, err := metaAccessor(ev.Object)
 				if err != nil {
-					return s.currentRevision(ctx)
+					return 0, fmt.Errorf("%w: %v", errNoDeletion, err)
 				}
 				if m.GetName() != name {
 					continue
 				}
 				rev, err := strconv.ParseInt(m.GetResourceVersion(), 10, 64)
 				if err != nil {
-					return s.currentRevision(ctx)
+					return 0, fmt.Errorf("%w: %v", errNoDeletion, err)
 				}
 				return rev, nil
 			case watch.Error:
-				return s.currentRevision(ctx)
+				return 0, errNoDeletion
 			}
-		case <-wctx.Done():
-			if ctx.Err() != nil {
-				return 0, ctx.Err()
-			}
-			return s.currentRevision(ctx)
+		case <-ctx.Done():
+			return 0, fmt.Errorf("%w: %w", errNoDeletion, ctx.Err())
 		}
 	}
 }

@@ -29,6 +29,7 @@ func TestLiveness(t *testing.T) {
 	cfg := kubeapi.Start(t).Config()
 	warmUp(t, cfg)
 	t.Run("LeaseLifecycle", func(t *testing.T) { testLeaseLifecycle(t, cfg) })
+	t.Run("RevokeCoversAReapersDelete", func(t *testing.T) { testRevokeCoversAReapersDelete(t, cfg) })
 	t.Run("RenewalWinsOverReaper", func(t *testing.T) { testRenewalWinsOverReaper(t, cfg) })
 	t.Run("LapsedLeaseReaped", func(t *testing.T) { testLapsedLeaseReaped(t, cfg) })
 	t.Run("SweepRemovesOrphans", func(t *testing.T) { testSweepRemovesOrphans(t, cfg) })
@@ -125,6 +126,60 @@ func leaseExists(t *testing.T, s *Store, id int64) bool {
 		t.Fatalf("get lease: %v", err)
 	}
 	return err == nil
+}
+
+// testRevokeCoversAReapersDelete: a record listed before its lease was
+// deleted, and deleted by another (a reaper, which may sweep it as soon as
+// the lease is gone) before the revoker's own list, still counts: the
+// revision returned is its deletion's, not an earlier one. (CI once saw
+// RevokeLease return the lease's deletion, one revision before the
+// record's, deleted by this replica's own reaper in between.)
+func testRevokeCoversAReapersDelete(t *testing.T, cfg *rest.Config) {
+	s := newLiveStore(t, cfg, testNamespace(t, cfg))
+	ctx := ctxT(t)
+	id, err := s.GrantLease(ctx, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &registryv1.Node{Name: "n1", Region: "r1", Cluster: "c1"}
+	putRev, err := s.PutNode(ctx, n, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := s.nodesOf(ctx, id)
+	if err != nil || len(before) != 1 {
+		t.Fatalf("nodesOf = %d records, %v; want the one put", len(before), err)
+	}
+	w, err := s.dyn.Resource(NodesResource).Namespace(s.ns).Watch(ctx, metav1.ListOptions{ResourceVersion: formatRV(putRev)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	// The other's delete, between the revoker's two lists.
+	if err := s.dyn.Resource(NodesResource).Namespace(s.ns).Delete(ctx, before[0].GetName(), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var deletedAt int64
+	for deletedAt == 0 {
+		select {
+		case ev := <-w.ResultChan():
+			if ev.Type == watch.Deleted {
+				m, _ := metaAccessor(ev.Object)
+				deletedAt, _ = parseRV(m.GetResourceVersion())
+			}
+		case <-ctx.Done():
+			t.Fatal("no delete event for the record")
+		}
+	}
+	got, err := s.deleteNodesOf(ctx, id, before)
+	if err != nil || got != deletedAt {
+		t.Fatalf("deleteNodesOf = %d, %v; want %d, the other's deletion of the record listed before", got, err, deletedAt)
+	}
+	// Without the earlier list the deletion is not seen: what the
+	// revoker returned before the fix.
+	if got, err := s.deleteNodesOf(ctx, id, nil); err != nil || got != 0 {
+		t.Fatalf("deleteNodesOf without the earlier list = %d, %v; want 0", got, err)
+	}
 }
 
 // testLeaseLifecycle: a lease is a Lease object; a node record put under

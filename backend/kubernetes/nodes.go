@@ -106,18 +106,37 @@ func (s *Store) PutNode(ctx context.Context, n *registryv1.Node, lease int64) (i
 	}
 }
 
+// nodesOf lists the node records under lease.
+func (s *Store) nodesOf(ctx context.Context, lease int64) ([]unstructured.Unstructured, error) {
+	list, err := s.dyn.Resource(NodesResource).Namespace(s.ns).List(ctx, metav1.ListOptions{LabelSelector: labelLease + "=" + leaseHex(lease)})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: node records of lease %x: %w", lease, classify(err))
+	}
+	return list.Items, nil
+}
+
 // deleteNodesOf deletes the node records under lease, each preconditioned
 // on the version listed (a record put again since, under a new lease,
-// stays), and returns the revision of the last deletion (0: none).
-func (s *Store) deleteNodesOf(ctx context.Context, lease int64) (int64, error) {
-	nodes := s.dyn.Resource(NodesResource).Namespace(s.ns)
-	list, err := nodes.List(ctx, metav1.ListOptions{LabelSelector: labelLease + "=" + leaseHex(lease)})
+// stays), and returns the revision of the last deletion (0: none). The
+// records in before (listed earlier) that the list now lacks were deleted
+// by another in between (a reaper); their deletions count too.
+func (s *Store) deleteNodesOf(ctx context.Context, lease int64, before []unstructured.Unstructured) (int64, error) {
+	now, err := s.nodesOf(ctx, lease)
 	if err != nil {
-		return 0, fmt.Errorf("kubernetes: node records of lease %x: %w", lease, classify(err))
+		return 0, err
+	}
+	listed := make(map[string]bool, len(now))
+	for _, o := range now {
+		listed[o.GetName()] = true
+	}
+	for _, o := range before {
+		if !listed[o.GetName()] {
+			now = append(now, o)
+		}
 	}
 	var last int64
-	for i := range list.Items {
-		rev, err := s.deleteNode(ctx, &list.Items[i])
+	for i := range now {
+		rev, err := s.deleteNode(ctx, &now[i])
 		if err != nil {
 			return last, err
 		}
@@ -126,8 +145,10 @@ func (s *Store) deleteNodesOf(ctx context.Context, lease int64) (int64, error) {
 	return last, nil
 }
 
-// deleteNode deletes one record at the version given; 0 and no error
-// when it is gone or changed meanwhile.
+// deleteNode deletes one record at the version given and returns the
+// revision of its deletion, or of another's deletion of that version in
+// between (as far as the watch could tell; else 0); 0 and no error when
+// it changed meanwhile.
 func (s *Store) deleteNode(ctx context.Context, o *unstructured.Unstructured) (int64, error) {
 	nodes := s.dyn.Resource(NodesResource).Namespace(s.ns)
 	rv, uid := o.GetResourceVersion(), o.GetUID()
@@ -135,7 +156,9 @@ func (s *Store) deleteNode(ctx context.Context, o *unstructured.Unstructured) (i
 		return nodes.Delete(ctx, o.GetName(), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv, UID: &uid}})
 	})
 	switch {
-	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+	case apierrors.IsNotFound(err):
+		return rev, nil
+	case apierrors.IsConflict(err):
 		return 0, nil
 	case err != nil:
 		return 0, fmt.Errorf("kubernetes: delete node record %s: %w", o.GetName(), classify(err))
