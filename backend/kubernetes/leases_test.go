@@ -159,18 +159,7 @@ func testRevokeCoversAReapersDelete(t *testing.T, cfg *rest.Config) {
 	if err := s.dyn.Resource(NodesResource).Namespace(s.ns).Delete(ctx, before[0].GetName(), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	var deletedAt int64
-	for deletedAt == 0 {
-		select {
-		case ev := <-w.ResultChan():
-			if ev.Type == watch.Deleted {
-				m, _ := metaAccessor(ev.Object)
-				deletedAt, _ = parseRV(m.GetResourceVersion())
-			}
-		case <-ctx.Done():
-			t.Fatal("no delete event for the record")
-		}
-	}
+	deletedAt := deletionRevision(ctx, t, w)
 	got, err := s.deleteNodesOf(ctx, id, before)
 	if err != nil || got != deletedAt {
 		t.Fatalf("deleteNodesOf = %d, %v; want %d, the other's deletion of the record listed before", got, err, deletedAt)
@@ -179,6 +168,25 @@ func testRevokeCoversAReapersDelete(t *testing.T, cfg *rest.Config) {
 	// revoker returned before the fix.
 	if got, err := s.deleteNodesOf(ctx, id, nil); err != nil || got != 0 {
 		t.Fatalf("deleteNodesOf without the earlier list = %d, %v; want 0", got, err)
+	}
+}
+
+// deletionRevision waits for the first DELETED event on w and returns
+// its revision.
+func deletionRevision(ctx context.Context, t *testing.T, w watch.Interface) int64 {
+	t.Helper()
+	for {
+		select {
+		case ev := <-w.ResultChan():
+			if ev.Type == watch.Deleted {
+				m, _ := metaAccessor(ev.Object)
+				if rev, _ := parseRV(m.GetResourceVersion()); rev != 0 {
+					return rev
+				}
+			}
+		case <-ctx.Done():
+			t.Fatal("no delete event for the node record")
+		}
 	}
 }
 
@@ -234,18 +242,7 @@ func testLeaseLifecycle(t *testing.T, cfg *rest.Config) {
 	if err != nil || revoked <= putRev {
 		t.Fatalf("RevokeLease = %d, %v; want a revision after the put at %d", revoked, err, putRev)
 	}
-	var deletedAt int64
-	for deletedAt == 0 {
-		select {
-		case ev := <-w.ResultChan():
-			if ev.Type == watch.Deleted {
-				m, _ := metaAccessor(ev.Object)
-				deletedAt, _ = parseRV(m.GetResourceVersion())
-			}
-		case <-ctx.Done():
-			t.Fatalf("no delete event for the revoked lease's record")
-		}
-	}
+	deletedAt := deletionRevision(ctx, t, w)
 	if deletedAt != revoked {
 		t.Fatalf("RevokeLease returned %d, the record's deletion was written at %d", revoked, deletedAt)
 	}
