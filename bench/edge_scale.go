@@ -606,7 +606,6 @@ func (e *EdgeScaleResult) rows() []scaleRow {
 			row.p99s = append(row.p99s, r.P99)
 			row.Max = max(row.Max, r.Max)
 			row.Errors += r.Errors
-			row.Writes += r.Writes
 		}
 		out = append(out, row)
 	}
@@ -656,7 +655,7 @@ func (e *EdgeScaleResult) goals() []scaleGoal {
 		if row.Server != "aether edge" || row.Size != 1 || row.P99 <= 0 {
 			continue
 		}
-		out = append(out, scaleGoal{placement: row.Placement, ones: row.p99s, one: row.P99, met: true, errs: row.Errors > 0})
+		out = append(out, scaleGoal{placement: row.Placement, ones: row.p99s, one: row.P99, errs: row.Errors > 0})
 	}
 	for i := range out {
 		g := &out[i]
